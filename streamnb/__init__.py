@@ -1,1 +1,25 @@
+"""streamnb: GPU stream semantics for compiled PyTorch graphs, as literate notebooks.
+
+The seed's passes under the seed's names (`upstream=True` for PyTorch's behaviour node for node), the simulator,
+plots, trace export, sanitizer, capture and explain. Note that `streamnb.capture`, `streamnb.simulate` and
+`streamnb.explain` are the functions; their modules are `streamnb.capture` etc. in `sys.modules`
+(`from streamnb.capture import Capture` works as usual).
+"""
 __version__ = "0.1.0"
+
+from .graph import (IndexedDict, GraphBuilder, StreamRegistry, StreamnbError, StreamAnnotationError, MissingValError,
+                    UnknownEventError, AlreadyProcessedWarning, get_stream, set_stream, is_bwd_node, is_gradient_acc,
+                    get_registry, use_registry, canonical, describe)
+from .cost import DEVICE_SPECS, DeviceSpec, get_roofline_estimate
+from .assign import assign_backward_streams, assign_epilogue_copy_streams
+from .syncs import insert_backward_syncs, insert_sync, insert_record_event_after_node, insert_wait_event_before_node
+from .dealloc import populate_stream_timeline, handle_synced_deallocation, sync_deallocations
+from .control_deps import wrap_all_sync_nodes_with_control_deps
+from .metadata import populate_fw_metadata_with_stream_indices
+from .pipeline import run_stream_passes
+from .simulate import Timeline, simulate
+from .plot import plot_memory, plot_timeline
+from .trace import to_chrome_trace, write_chrome_trace
+from .sanitizer import Report, sanitize
+from .capture import Capture, capture
+from .explain import Explanation, explain

@@ -5,7 +5,8 @@
 # so this script executes with --allow-errors only for those, and you should check the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export MPLBACKEND=Agg
+# MPLBACKEND must be unset here: with Agg, no figure is saved into the notebook
+unset MPLBACKEND
 for nb in "$@"; do
   jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 "$nb"
 done

@@ -1,0 +1,144 @@
+"""Generated backward-like graphs for differential and property tests.
+
+`random_backward_graph(seed, ...)` builds, deterministically per seed, a meta-device `GraphModule` shaped like
+the joint graphs AOTAutograd hands to the stream passes:
+
+* placeholders: forward inputs (`primals_i`, tag `is_forward`) and tangents (`tangents_i`, tag `is_backward`);
+* optionally a short forward prefix (tag `is_forward`);
+* backward ops (elementwise and `mm` on square tensors) on 1-4 streams (indices `0..n_streams-1`), in runs
+  on one stream, some unannotated (no `custom`), args biased towards recent values; some values are
+  deliberately consumed on several streams (fan-out);
+* gradient-accumulation nodes (`add`, `is_gradient_acc`, no stream);
+* user-written `record_event(e, s)` after a node on stream `s`, later `wait_event(e, s2)` and
+  `synchronize_event(e)` (only for events already recorded; event indices from `USER_EVENTS`, reused when
+  more records are made than there are indices);
+* optionally epilogue `copy_(primals_i, value)` nodes;
+* an output returning every node without users (so nothing is dead) plus a few others.
+
+Every node comes after its producers (they are appended in order). Stream indices (0..3) and user event
+indices (4..9) stay below the oracle's counter start (10), as in dynamo's registry, where the user's objects
+are registered before the passes allocate theirs.
+"""
+from __future__ import annotations
+
+import collections
+import random
+
+import torch
+from torch.fx import GraphModule
+
+from streamnb.graph import GraphBuilder
+
+aten = torch.ops.aten
+streams = torch.ops.streams
+
+USER_EVENTS = tuple(range(4, 10))
+UNARY = (aten.neg.default, aten.sin.default, aten.relu.default)
+BINARY = (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.mm.default)
+
+
+def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None = None, n_primals: int = 2,
+                          n_tangents: int = 2, n_forward: int = 0, p_unannotated: float = 0.15,
+                          p_acc: float = 0.1, p_fanout: float = 0.1, p_user_sync: float = 0.08,
+                          p_copy: float = 0.0, p_stay: float = 0.7, p_consume: float = 0.0, user_sync_tag: str | None = None,
+                          shape: tuple = (4, 4), fast: bool = False) -> GraphModule:
+    """A random backward-like graph, the same for the same arguments.
+
+    `n_nodes` counts the compute nodes (forward prefix, backward ops, accumulations, fan-out consumers);
+    sync and copy nodes come on top. `n_streams=None` draws 1..4 from the seed. `p_stay` is the chance that
+    the next annotated node stays on the previous node's stream. `p_consume` is the chance that an argument is
+    the oldest value nobody reads yet (fewer outputs: with 0, about a quarter of the nodes end up as outputs,
+    which makes big graphs output-heavy). `fast=True` gives every compute node one
+    shared `meta['val']` instead of running the op on meta tensors (for big benchmark graphs)."""
+    rng = random.Random(seed)
+    if n_streams is None: n_streams = rng.randint(1, 4)
+    if not 1 <= n_streams <= len(USER_EVENTS): raise ValueError(f"n_streams must be 1..{len(USER_EVENTS)}")
+    b = GraphBuilder(shape=shape)
+    shared = torch.empty(shape, device="meta") if fast else None
+    primals = [b.input(f"primals_{i + 1}", tag="is_forward") for i in range(n_primals)]
+    tangents = [b.input(f"tangents_{i + 1}") for i in range(n_tangents)]
+    values = primals + tangents            # candidate args, in graph order
+    stream_of: dict = {}                   # node -> its stream (None = unannotated)
+    recorded: list[int] = []               # user event indices recorded so far
+    last_stream = 0
+    unread = collections.deque()           # values in creation order, some of them still without users
+
+    def pick():
+        if p_consume and rng.random() < p_consume:
+            while unread and unread[0].users: unread.popleft()
+            if unread: return unread.popleft()
+        # biased towards recent values, O(1): an exponentially distributed distance from the end
+        return values[max(0, len(values) - 1 - int(rng.expovariate(0.3)))]
+
+    def next_stream():
+        nonlocal last_stream
+        if rng.random() < p_unannotated: return None
+        if rng.random() >= p_stay: last_stream = rng.randrange(n_streams)
+        return last_stream
+
+    def add(target, *args, stream=None, tag="is_backward", acc=False):
+        n = b.op(target, *args, stream=stream, tag=tag, acc=acc, val=shared)
+        values.append(n); stream_of[n] = stream
+        if p_consume: unread.append(n)
+        return n
+
+    def compute(tag):
+        if rng.random() < 0.4: return add(rng.choice(UNARY), pick(), stream=next_stream(), tag=tag)
+        return add(rng.choice(BINARY), pick(), pick(), stream=next_stream(), tag=tag)
+
+    for _ in range(min(n_forward, n_nodes)): compute("is_forward")
+    made = min(n_forward, n_nodes)
+    while made < n_nodes:
+        r = rng.random()
+        if r < p_acc:
+            add(aten.add.Tensor, pick(), pick(), acc=True)
+            made += 1
+        elif r < p_acc + p_fanout and made + 2 <= n_nodes:
+            # one value read on two different streams (or one of them unannotated)
+            src = pick()
+            for s in rng.sample(range(n_streams), min(2, n_streams)) + ([None] if n_streams == 1 else []):
+                add(rng.choice(UNARY), src, stream=s)
+                made += 1
+                if made >= n_nodes: break
+        else:
+            compute("is_backward")
+            made += 1
+        if rng.random() < p_user_sync: _user_sync(b, rng, values, stream_of, recorded, n_streams, user_sync_tag)
+    if p_copy and rng.random() < p_copy * 10 and len(values) > len(primals) + len(tangents):
+        # epilogue copy_ of a mutated forward input, as AOTAutograd appends it
+        for p in rng.sample(primals, rng.randint(1, len(primals))):
+            src = values[rng.randrange(len(primals) + len(tangents), len(values))]
+            n = b.op(aten.copy_.default, p, src, val=shared if fast else p.meta["val"])
+            stream_of[n] = None
+    outs = [n for n in b.graph.nodes if n.op != "placeholder" and "val" in n.meta and not n.users]
+    seen = set(outs)
+    for n in rng.sample(values, min(3, len(values))):
+        if n not in seen and n.op != "placeholder": outs.append(n); seen.add(n)
+    return b.output(*outs)
+
+
+def _user_sync(b, rng, values, stream_of, recorded, n_streams, tag):
+    "Append a user-written record/wait/synchronize_event; waits and synchronizes only for recorded events."
+    r = rng.random()
+    if recorded and r < 0.4:
+        b.sync(streams.wait_event.default, rng.choice(recorded), rng.randrange(n_streams), tag=tag)
+    elif recorded and r < 0.55:
+        b.sync(streams.synchronize_event.default, rng.choice(recorded), tag=tag)
+    else:
+        last = values[-1]
+        s = stream_of.get(last)
+        e = USER_EVENTS[len(recorded) % len(USER_EVENTS)]   # reuse indices once all are taken
+        b.sync(streams.record_event.default, e, 0 if s is None else s, tag=tag)
+        recorded.append(e)
+
+
+def graphs(**fixed):
+    """A hypothesis strategy of `random_backward_graph` graphs: seed and shape options drawn, `fixed` kwargs kept.
+
+    Example: `@given(graphs(n_streams=2))`."""
+    from hypothesis import strategies as st
+    opts = dict(n_nodes=st.integers(1, 40), n_streams=st.integers(1, 4), n_forward=st.integers(0, 3),
+                p_unannotated=st.sampled_from([0.0, 0.15, 0.5]), p_acc=st.sampled_from([0.0, 0.1, 0.3]),
+                p_user_sync=st.sampled_from([0.0, 0.08, 0.3]), p_copy=st.sampled_from([0.0, 0.1]))
+    opts.update({k: st.just(v) for k, v in fixed.items()})
+    return st.builds(random_backward_graph, st.integers(0, 2**32 - 1), **opts)

@@ -1,0 +1,528 @@
+"""Tests for streamnb.control_deps: the seed's control_deps wrapping (upstream=True), and correction 6 (default).
+
+Replicas of upstream tests (test/dynamo/test_streams.py, UPSTREAM.md §3.1) are written on GraphBuilder graphs.
+`upstream=True` is compared with torch 2.13's own `wrap_all_sync_nodes_with_control_deps`, which equals the seed's
+on graphs without `wait_stream` (UPSTREAM.md §1).
+"""
+import warnings
+
+import pytest
+import torch
+from torch._functorch._aot_autograd import streams as torch_streams
+
+import graphgen
+from streamnb.control_deps import EmptyGraphError, wrap_all_sync_nodes_with_control_deps as wrap
+from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, StreamAnnotationError, StreamnbError,
+                            StreamRegistry, UnknownEventError, canonical, get_stream, is_control_deps, use_registry)
+
+aten = torch.ops.aten
+streams = torch.ops.streams
+REC, WAIT, SYNC_E = streams.record_event.default, streams.wait_event.default, streams.synchronize_event.default
+
+
+def ctrls(gm):
+    return [n for n in gm.graph.nodes if is_control_deps(n)]
+
+
+def node(gm, name):
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+def getitems_of(ctrl):
+    return [u for u in ctrl.users if u.target is __import__("operator").getitem]
+
+
+def ancestors(n):
+    "Every node `n` depends on through data edges."
+    seen, todo = set(), list(n.all_input_nodes)
+    while todo:
+        m = todo.pop()
+        if m not in seen: seen.add(m); todo.extend(m.all_input_nodes)
+    return seen
+
+
+def inner(gm, ctrl):
+    "The sync op inside a control_deps node's subgraph."
+    return next(n for n in getattr(gm, ctrl.args[1].target).graph.nodes if n.op == "call_function")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Graphs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def fwd_record_wait(consumer_reads_waiting_value=True):
+    "Forward-like: y on s1, record(1, s1), z on s2, wait(1, s2), consumer on s2 reading y (and z)."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    b.sync(REC, 1, 1)
+    z = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
+    b.sync(WAIT, 1, 2)
+    out = b.op(aten.add.Tensor, y, z, stream=2, tag=None) if consumer_reads_waiting_value else \
+        b.op(aten.neg.default, y, stream=2, tag=None)
+    return b.output(out, z) if not consumer_reads_waiting_value else b.output(out)
+
+
+def hoistable():
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(REC, 5, 1)
+    b.sync(WAIT, 5, 0)
+    return b.output(b.op(aten.neg.default, mul, stream=0))
+
+
+def two_waits_one_event():
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(REC, 5, 1)
+    b.sync(WAIT, 5, 0)
+    c0 = b.op(aten.neg.default, mul, stream=0)
+    b.sync(WAIT, 5, 2)
+    c2 = b.op(aten.sin.default, mul, stream=2)
+    return b.output(c0, c2)
+
+
+def backward_sync():
+    """Shape of test_stream_backward_sync's backward after syncs/dealloc: mul_3 on s2 recorded (3), s1 waits,
+    add_3 reads a stream-1 value and mul_3; then record(4, 1) and sync_dealloc(4, 2, mul_3)."""
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    p = b.input("primals_1", tag="is_forward")
+    m2 = b.op(aten.mul.Tensor, t, p, stream=1)
+    m3 = b.op(aten.mul.Tensor, t, t, stream=2)
+    b.sync(REC, 3, 2, tag="must_be_in_backward")
+    b.sync(WAIT, 3, 1, tag="must_be_in_backward")
+    add = b.op(aten.add.Tensor, m2, m3, stream=1)
+    b.sync(REC, 4, 1, tag="must_be_in_backward")
+    b.graph.call_function(streams.sync_dealloc.default, (4, 2, m3))
+    return b.output(add)
+
+
+def torch_wrap(gm):
+    torch_streams.wrap_all_sync_nodes_with_control_deps(gm)
+    return gm
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The seed (upstream=True) against torch 2.13, and both modes where the seed is right
+# ---------------------------------------------------------------------------------------------------------------
+
+SEED_RIGHT = [fwd_record_wait, backward_sync]
+
+
+@pytest.mark.parametrize("make", SEED_RIGHT + [hoistable, two_waits_one_event, lambda: fwd_record_wait(False)])
+def test_upstream_matches_torch(make):
+    ours = make(); wrap(ours, upstream=True)
+    assert canonical(ours) == canonical(torch_wrap(make()))
+
+
+@pytest.mark.parametrize("make", SEED_RIGHT)
+def test_modes_agree_where_seed_is_right(make):
+    a, b = make(), make()
+    wrap(a); wrap(b, upstream=True)
+    assert canonical(a) == canonical(b)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_upstream_matches_torch_random(seed):
+    make = lambda: graphgen.random_backward_graph(seed, n_nodes=25, p_user_sync=0.25)
+    ours = make(); wrap(ours, upstream=True)
+    assert canonical(ours) == canonical(torch_wrap(make()))
+    ours.graph.lint()
+
+
+def cross_stream_consumers(gm, orig):
+    """(wait ctrl, consumer) pairs that correction 6 must order: for each wrapped wait_event(e, s), the compute
+    nodes after it on s that read a value whose original producer is on e's recording stream, before the wait.
+    `orig` maps getitems back to the node they alias (followed through chains)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    rec_stream, pairs = {}, []
+    for c in gm.graph.nodes:
+        if not is_control_deps(c): continue
+        op = inner(gm, c)
+        if op.target is REC: rec_stream[op.args[0]] = op.args[1]
+        if op.target is not WAIT or op.args[0] not in rec_stream: continue
+        s, rs = op.args[1], rec_stream[op.args[0]]
+        for n in gm.graph.nodes:
+            if order[n] <= order[c] or n.op != "call_function" or "val" not in n.meta or n.target is __import__("operator").getitem:
+                continue
+            if get_stream(n) != s: continue
+            for v in n.all_input_nodes:
+                o = orig.get(v, v)
+                fwd_for_bwd = o.meta.get("partitioner_tag") == "is_forward" and op.meta.get("partitioner_tag") in (
+                    "is_backward", "must_be_in_backward")   # a backward wait never threads forward values
+                if order[o] < order[c] and o.op == "call_function" and get_stream(o) == rs != s and not fwd_for_bwd:
+                    pairs.append((c, n))
+    return pairs
+
+
+def origins(gm):
+    "getitem -> the node it finally aliases (via the control_deps passthrough args)."
+    import operator
+    res = {}
+    for n in gm.graph.nodes:
+        if n.target is operator.getitem and is_control_deps(n.args[0]):
+            src = n.args[0].args[1 + n.args[1]]
+            res[n] = res.get(src, src)
+    return res
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_default_orders_every_consumer_after_its_wait(seed):
+    gm = graphgen.random_backward_graph(seed, n_nodes=25, p_user_sync=0.3, p_unannotated=0.0)
+    try:
+        wrap(gm)
+    except UnknownEventError:
+        pytest.skip("graph waits on an event recorded later")
+    gm.graph.lint()
+    for c, n in cross_stream_consumers(gm, origins(gm)):
+        assert c in ancestors(n), f"{n.name} is not ordered after {c.name}"
+
+
+def test_seed_leaves_consumers_unordered_somewhere():
+    "The property above fails for the seed on at least one graph (so it can fail at all)."
+    bad = 0
+    for seed in range(60):
+        gm = graphgen.random_backward_graph(seed, n_nodes=25, p_user_sync=0.3, p_unannotated=0.0)
+        wrap(gm, upstream=True)
+        bad += sum(c not in ancestors(n) for c, n in cross_stream_consumers(gm, origins(gm)))
+    assert bad > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Correction 6: the race, and its fix
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def move_before_last_ctrl(gm, name):
+    ctrls(gm)[-1].prepend(node(gm, name))
+    gm.graph.lint()
+
+
+def test_seed_allows_hoisting_consumer_above_wait():
+    gm = hoistable(); wrap(gm, upstream=True)
+    neg = node(gm, "neg")
+    assert ctrls(gm)[1] not in ancestors(neg)
+    move_before_last_ctrl(gm, "neg")   # lints: a legal reordering that races
+
+
+def test_default_consumer_depends_on_wait():
+    gm = hoistable(); wrap(gm)
+    rec, wait = ctrls(gm)
+    neg = node(gm, "neg")
+    assert neg.args[0].args[0] is wait
+    assert wait.args[0][0] is rec and node(gm, "getitem") in wait.args[0]
+    with pytest.raises(RuntimeError, match="used before it has been defined"):
+        move_before_last_ctrl(gm, "neg")
+
+
+def test_default_two_waits_one_event_each_consumer_after_its_wait():
+    gm = two_waits_one_event(); wrap(gm)
+    rec, w0, w2 = ctrls(gm)
+    neg, sin = node(gm, "neg"), node(gm, "sin")
+    assert w0 in ancestors(neg) and w2 in ancestors(sin)
+    assert inner(gm, w0).args == (5, 0) and inner(gm, w2).args == (5, 2)
+    up = two_waits_one_event(); wrap(up, upstream=True)
+    _, uw0, uw2 = ctrls(up)
+    assert uw0 not in ancestors(node(up, "neg")) and uw2 not in ancestors(node(up, "sin"))
+
+
+def test_default_wraps_a_wait_the_seed_leaves_bare():
+    "Record with no deps stays bare, the seed's wait too; the default wraps the wait to order the consumer."
+    def make():
+        b = GraphBuilder()
+        x = b.input("x")
+        y = b.op(aten.neg.default, x, stream=1)
+        b.sync(REC, 2, 1)
+        b.sync(REC, 3, 1)           # second record on s1: its list was just reset -> bare
+        b.sync(WAIT, 3, 0)
+        return b.output(b.op(aten.sin.default, y, stream=0))
+    up = make(); wrap(up, upstream=True)
+    assert [inner(up, c).target for c in ctrls(up)] == [REC]
+    gm = make(); wrap(gm)
+    wait = ctrls(gm)[-1]
+    assert inner(gm, wait).target is WAIT and wait in ancestors(node(gm, "sin"))
+
+
+def test_backward_wait_does_not_thread_forward_values():
+    def make():
+        b = GraphBuilder()
+        x = b.input("primals_1", tag="is_forward")
+        f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+        g = b.op(aten.neg.default, x, stream=1)
+        b.sync(REC, 2, 1, tag="must_be_in_backward")
+        b.sync(WAIT, 2, 0, tag="must_be_in_backward")
+        c_f = b.op(aten.cos.default, f, stream=0)     # reads only the forward value
+        c_g = b.op(aten.cos.default, g, stream=0)     # reads the backward value
+        return b.output(c_f, c_g)
+    gm = make(); wrap(gm)
+    rec, wait = ctrls(gm)
+    threaded = [a for a in wait.args[0] if a is not rec]
+    assert [a.meta["partitioner_tag"] for a in threaded] == ["is_backward"]   # g's getitem only, not f's
+    assert wait in ancestors(node(gm, "cos_1")) and wait not in ancestors(node(gm, "cos"))
+
+
+def test_unannotated_consumer_counts_on_current_stream_only():
+    def make(wait_stream):
+        b = GraphBuilder()
+        x = b.input("x")
+        y = b.op(aten.neg.default, x, stream=1)
+        b.sync(REC, 2, 1)
+        b.sync(WAIT, 2, wait_stream)
+        return b.output(b.op(aten.sin.default, y))   # unannotated: runs on the current stream
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        on_current = make(0); wrap(on_current)
+        on_other = make(3); wrap(on_other)
+        ref = make(3); wrap(ref, upstream=True)
+    assert ctrls(on_current)[-1] in ancestors(node(on_current, "sin"))
+    assert canonical(on_other) == canonical(ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Upstream test replicas (test_streams.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_control_deps_wrapping_record_and_wait_event(upstream):
+    gm = fwd_record_wait(); wrap(gm, upstream=upstream)
+    rec, wait = ctrls(gm)
+    assert len(ctrls(gm)) == 2
+    assert len(getitems_of(rec)) >= 1
+    assert rec in wait.args[0]
+    assert inner(gm, rec).target is REC and inner(gm, wait).target is WAIT
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_control_deps_prevents_invalid_reordering(upstream):
+    gm = fwd_record_wait(); wrap(gm, upstream=upstream)
+    consumer = node(gm, "add_1")
+    with pytest.raises(RuntimeError):
+        ctrls(gm)[0].prepend(consumer)
+        gm.graph.lint()
+
+
+def multi_events(reuse=False):
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    a = b.op(aten.neg.default, x, stream=1, tag=None)
+    b.sync(REC, 1, 1)
+    c = b.op(aten.sin.default, x, stream=2 if not reuse else 1, tag=None)
+    b.sync(REC, 2 if not reuse else 1, 2 if not reuse else 1)
+    d = b.op(aten.cos.default, x, stream=0, tag=None)
+    b.sync(WAIT, 1, 0)
+    if not reuse: b.sync(WAIT, 2, 0)
+    return b.output(b.op(aten.add.Tensor, a, d, stream=0, tag=None), c)
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_cross_event_deps_multiple_events(upstream):
+    gm = multi_events(); wrap(gm, upstream=upstream)
+    rec1, rec2, w1, w2 = ctrls(gm)
+    assert rec1 in w1.args[0] and rec2 not in w1.args[0]
+    assert rec2 in w2.args[0] and rec1 not in w2.args[0]
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_cross_event_deps_event_reuse(upstream):
+    gm = multi_events(reuse=True); wrap(gm, upstream=upstream)
+    rec1, rec2, w = ctrls(gm)
+    assert w.args[0][0] is rec2 and rec1 not in w.args[0]   # last record wins
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_control_deps_wrapping_synchronize_event(upstream):
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    y = b.op(aten.neg.default, x, stream=1, tag=None)
+    b.sync(REC, 4, 1)
+    b.sync(SYNC_E, 4)
+    gm = b.output(b.op(aten.sin.default, y, tag=None))
+    wrap(gm, upstream=upstream)
+    rec, sync = ctrls(gm)
+    (rec_item,) = getitems_of(rec)
+    assert sync.args[0][0] is rec and rec_item in sync.args[0] and rec_item in sync.args[2:]
+    (sync_item,) = getitems_of(sync)
+    assert node(gm, "sin").args[0] is sync_item
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_external_event_synchronize_threads_inputs(upstream):
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    add = b.op(aten.add.Tensor, x, x, tag=None)
+    b.sync(SYNC_E, 9)            # recorded outside the graph: fine in both modes
+    gm = b.output(b.op(aten.neg.default, add, tag=None))
+    wrap(gm, upstream=upstream)
+    (sync,) = ctrls(gm)
+    assert sync.args[0] == (x, add)
+    assert sync.args[2:] == (add,)
+    assert node(gm, "neg").args[0].args[0] is sync
+
+
+def test_backward_sync_replica():
+    "add reads the wait's getitem (stream 1) and the record's getitem (mul_1); sync_dealloc keeps a getitem."
+    gm = backward_sync(); wrap(gm)
+    rec3, wait3, rec4 = ctrls(gm)
+    add = node(gm, "add")
+    assert {a.args[0] for a in add.args} == {wait3, rec3}
+    assert wait3.args[0][0] is rec3
+    dealloc = next(n for n in gm.graph.nodes if n.target is streams.sync_dealloc.default)
+    assert dealloc.args[2].args[0] is rec3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The seed's details
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_synchronize_device_is_a_barrier_and_clears_lists():
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.neg.default, x, stream=1)
+    z = b.op(aten.sin.default, x, stream=2)
+    b.sync(streams.synchronize_device.default, "cuda", 0)
+    w = b.op(aten.cos.default, x, stream=1)
+    b.sync(REC, 3, 1)
+    gm = b.output(y, z, w)
+    wrap(gm)
+    dev, rec = ctrls(gm)
+    assert dev.args[0] == (y, z)
+    assert rec.args[0] == (w,)
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_none_list_and_resets(upstream):
+    "Unannotated nodes are deps of any stream's sync; a wait resets the waiting stream and the None list."
+    b = GraphBuilder()
+    x = b.input("x")
+    u = b.op(aten.neg.default, x)                 # unannotated
+    a = b.op(aten.sin.default, x, stream=1)
+    c = b.op(aten.cos.default, x, stream=2)
+    b.sync(REC, 3, 1)                             # deps: a, then the None list (u)
+    d = b.op(aten.exp.default, x, stream=2)
+    b.sync(WAIT, 3, 2)                            # deps: rec ctrl, c, d (u was reset by the record)
+    e = b.op(aten.abs.default, x, stream=2)
+    b.sync(REC, 4, 2)                             # deps: e only (c, d reset by the wait)
+    gm = b.output(u, a, c, d, e)
+    wrap(gm, upstream=upstream)
+    r3, w3, r4 = ctrls(gm)
+    assert r3.args[0] == (a, u)
+    assert w3.args[0] == (r3, c, d)
+    assert r4.args[0] == (e,)
+
+
+def test_output_rewired_only_for_backward_deps():
+    b = GraphBuilder()
+    x = b.input("x", tag="is_forward")
+    f = b.op(aten.neg.default, x, stream=1, tag="is_forward")
+    g = b.op(aten.sin.default, x, stream=1)
+    b.sync(REC, 3, 1)
+    gm = b.output(f, g)
+    wrap(gm)
+    (rec,) = ctrls(gm)
+    out = gm.graph.output_node().args[0]
+    assert out[0] is f                                   # forward output keeps the forward node
+    assert out[1].args[0] is rec                         # backward output reads the getitem
+    assert out[1].meta["custom"] is g.meta["custom"]     # getitem meta: a shallow copy
+
+
+def test_getitems_reverse_order_and_names():
+    gm = fwd_record_wait(); wrap(gm, upstream=True)
+    names = [n.name for n in gm.graph.nodes]
+    i = names.index("control_deps")
+    assert names[i - 1] == "subgraph_record_event_default"
+    rec = ctrls(gm)[0]
+    items = [n for n in gm.graph.nodes if n.args and n.args[0] is rec]
+    assert [n.args[1] for n in items] == sorted((n.args[1] for n in items), reverse=True)
+
+
+def test_wait_stream_is_an_ordinary_node_in_both_modes():
+    for upstream in (True, False):
+        b = GraphBuilder()
+        x = b.input("x", tag=None)
+        b.op(aten.mul.Tensor, x, x, stream=0, tag=None)
+        ws = b.sync(streams.wait_stream.default, 1, 0)
+        ws.meta["val"] = None
+        a = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+        b.sync(REC, 8, 1)
+        gm = b.output(a)
+        wrap(gm, upstream=upstream)
+        (rec,) = ctrls(gm)
+        assert ws in gm.graph.nodes and ws in rec.args[0]   # in the None list, so a dep of the record
+
+
+def test_no_sync_no_recompile(monkeypatch):
+    b = GraphBuilder()
+    x = b.input("x")
+    gm = b.output(b.op(aten.neg.default, x, stream=1))
+    calls = []
+    monkeypatch.setattr(gm, "recompile", lambda: calls.append(1))
+    wrap(gm)
+    assert calls == []
+    gm2 = hoistable()
+    monkeypatch.setattr(gm2, "recompile", lambda: calls.append(1))
+    wrap(gm2)
+    assert calls == [1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors and guards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def wait_before_record():
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.neg.default, x, stream=1)
+    b.sync(WAIT, 3, 0)
+    b.sync(REC, 3, 1)
+    return b.output(b.op(aten.sin.default, y, stream=0))
+
+
+def test_unknown_event_default_raises_before_any_change():
+    gm = wait_before_record()
+    before = canonical(gm)
+    with pytest.raises(UnknownEventError, match="node wait_event_default: wait_event waits on event 3"):
+        wrap(gm)
+    assert canonical(gm) == before and ctrls(gm) == []
+    assert "wrap_all_sync_nodes_with_control_deps" not in gm.meta.get("streamnb_passes", [])
+    wrap(gm, upstream=True)                       # the seed wraps it silently
+    assert canonical(gm) == canonical(torch_wrap(wait_before_record()))
+
+
+def test_empty_graph():
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    for upstream in (True, False):
+        with pytest.raises(EmptyGraphError, match="Expected a non-empty graph") as e:
+            wrap(gm, upstream=upstream)
+        assert isinstance(e.value, RuntimeError) and isinstance(e.value, StreamnbError)
+
+
+def test_bad_annotation_leaves_graph_unchanged():
+    gm = hoistable()
+    node(gm, "neg").meta["custom"] = {"stream": "x"}
+    before = [n.name for n in gm.graph.nodes]
+    with pytest.raises(StreamAnnotationError, match="node neg"):
+        wrap(gm)
+    assert [n.name for n in gm.graph.nodes] == before
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_second_run_is_a_noop(upstream):
+    gm = two_waits_one_event(); wrap(gm, upstream=upstream)
+    before = canonical(gm)
+    with pytest.warns(AlreadyProcessedWarning):
+        wrap(gm, upstream=upstream)
+    assert canonical(gm) == before
+
+
+def test_graph_wrapped_by_torch_is_left_alone():
+    gm = torch_wrap(hoistable())
+    before = canonical(gm)
+    with pytest.warns(AlreadyProcessedWarning, match="control_deps"):
+        wrap(gm)
+    assert canonical(gm) == before

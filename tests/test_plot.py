@@ -1,0 +1,116 @@
+"""streamnb.plot: what is drawn (bars, waits, arrows, markers, labels), never pixels."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from streamnb.graph import GraphBuilder, streams
+from streamnb.plot import plot_memory, plot_timeline
+from streamnb.simulate import simulate
+
+aten = torch.ops.aten
+REC, WAIT = streams.record_event.default, streams.wait_event.default
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def gids(fig, prefix):
+    return sorted(a.get_gid() for ax in fig.axes for a in ax.get_children() if (a.get_gid() or "").startswith(prefix))
+
+
+def graph(synced, host_sync=False, remedy=None):
+    b = GraphBuilder()
+    x = b.input("x")
+    p = b.op(aten.mul.Tensor, x, x, stream=1, name="p")
+    if synced:
+        b.sync(REC, 1, 1); b.sync(WAIT, 1, 0)
+    c = b.op(aten.add.Tensor, p, x, stream=0, name="c")
+    if remedy == "record_stream":
+        b.sync(streams.record_stream.default, p, 0)
+    if remedy == "sync_dealloc":
+        b.sync(REC, 2, 0); b.sync(streams.sync_dealloc.default, 2, 1, p)
+    if host_sync:
+        b.sync(streams.synchronize_stream.default, 0)
+    d = b.op(aten.neg.default, c, stream=2, name="d")
+    return b.output(d)
+
+
+COST = {"p": 3.0, "c": 1.0, "d": 2.0}
+
+
+def test_one_bar_per_kernel_and_rows_per_stream():
+    tl = simulate(graph(False), cost=COST)
+    fig = plot_timeline(tl, titles=["racy"])
+    (ax,) = fig.axes
+    assert gids(fig, "kernel:") == ["kernel:c", "kernel:d", "kernel:p"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stream 0 (current)", "stream 1", "stream 2"]
+    assert ax.get_title(loc="left") == "racy (makespan 3 ms)"
+    assert gids(fig, "wait:") == [] and gids(fig, "flow:") == []
+    # the racy readers are outlined in red, the others not
+    red = sorted(p.get_gid() for p in ax.patches if tuple(p.get_edgecolor()[:3]) == (1.0, 0.0, 0.0))
+    assert red == sorted(f"kernel:{r.consumer}" for r in tl.unordered_reads) == ["kernel:c", "kernel:d"]
+
+
+def test_waits_arrows_and_host_row():
+    tl = simulate(graph(True, host_sync=True), cost=COST)
+    fig = plot_timeline(tl)
+    (ax,) = fig.axes
+    assert gids(fig, "wait:") == ["wait:synchronize_stream_default", "wait:wait_event_default"]
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    assert [a.get_gid() for a in arrows] == ["flow:1"]
+    assert arrows[0].xy == (3.0, 1) and arrows[0].xyann == (3.0, 2)   # record on stream 1 -> wait on stream 0
+    assert [t.get_text() for t in ax.get_yticklabels()][0] == "host"
+
+
+def test_markers_for_remedies():
+    fig = plot_timeline(simulate(graph(True, remedy="record_stream"), cost=COST))
+    assert gids(fig, "record_stream:") == ["record_stream:record_stream_default"]
+    fig = plot_timeline(simulate(graph(True, remedy="sync_dealloc"), cost=COST))
+    assert gids(fig, "sync_dealloc:") == ["sync_dealloc:sync_dealloc_default"]
+    assert gids(fig, "flow:") == ["flow:1", "flow:2"]
+    fig = plot_timeline(simulate(graph(True), cost=COST))
+    assert gids(fig, "unsafe_free:") == ["unsafe_free:c", "unsafe_free:p"]   # c is read on stream 2 unordered too
+
+
+def test_stacked_timelines_share_the_time_axis():
+    tls = [simulate(graph(s), cost=COST, name=n) for s, n in ((False, "before"), (True, "after"))]
+    fig = plot_timeline(*tls)
+    assert len(fig.axes) == 2
+    assert [a.get_title(loc="left") for a in fig.axes] == ["before (makespan 3 ms)", "after (makespan 4 ms)"]   # d (stream 2) is still unsynced
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
+    assert len(gids(fig, "kernel:")) == 6
+    fig2, axes = plt.subplots(2, 1)
+    assert plot_timeline(*tls, ax=axes) is fig2
+    with pytest.raises(ValueError):
+        plot_timeline(*tls, ax=axes[0])
+
+
+def test_labels_only_where_they_fit():
+    b = GraphBuilder()
+    x = b.input("x")
+    b.op(aten.neg.default, x, stream=0, name="a_very_long_kernel_name")
+    b.op(aten.neg.default, x, stream=0, name="wide")
+    tl = simulate(b.output(), cost={"a_very_long_kernel_name": 0.01, "wide": 10.0})
+    fig = plot_timeline(tl)
+    assert gids(fig, "label:") == ["label:wide"]
+
+
+def test_plot_memory():
+    tls = [simulate(graph(True, remedy=r), cost=COST, name=str(r)) for r in (None, "record_stream", "sync_dealloc")]
+    fig = plot_memory(*tls, labels=["none", "rs", "sd"])
+    (ax,) = fig.axes
+    assert gids(fig, "memory:") == ["memory:none", "memory:rs", "memory:sd"]
+    assert gids(fig, "peak:") == ["peak:none", "peak:rs", "peak:sd"]
+    for tl, lab in zip(tls, ["none", "rs", "sd"]):
+        (peak,) = [l for l in ax.lines if l.get_gid() == f"peak:{lab}"]
+        assert peak.get_ydata()[0] == tl.peak_memory       # bytes (small tensors)
+        (line,) = [l for l in ax.lines if l.get_gid() == f"memory:{lab}"]
+        assert list(line.get_ydata()[:-1]) == [b for _, b in tl.memory]
+    assert ax.get_ylabel() == "allocated (B)"
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == f"none (peak {tls[0].peak_memory} B)"

@@ -1,0 +1,359 @@
+"""The sanitizer on hand-built graphs: each rule once with a graph that breaks it and one that does not, and graphs
+that are safe by construction (one stream; every cross-stream edge guarded; frees after a sync) report nothing."""
+import operator
+import random
+
+import pytest
+import torch
+from torch._inductor.fx_passes.control_dependencies import control_deps
+
+from streamnb.graph import GraphBuilder, StreamRegistry, aten, streams
+from streamnb.sanitizer import sanitize, stream_op
+
+REC, WAIT, DEALLOC = streams.record_event.default, streams.wait_event.default, streams.sync_dealloc.default
+
+
+def node(gm, name):
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+def producer_consumer(sync=True, wait_stream=0, cons_stream=0, keep=True):
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    if sync:
+        b.sync(REC, 10, 1); b.sync(WAIT, 10, wait_stream)
+    a = b.op(aten.add.Tensor, m, x, stream=cons_stream)
+    return b.output(a, m) if keep else b.output(a)
+
+
+def test_race_and_its_fix():
+    rep = sanitize(producer_consumer(sync=False))
+    assert not rep.ok and rep.kinds == ["race"]
+    e = rep.errors[0]
+    assert e.nodes == ("add", "mul") and e.streams == (0, 1) and e.tensor == "mul"
+    text = str(rep)
+    assert "data race on tensor mul" in text and "Access by stream 0" in text and "Previous access by stream 1" in text
+    assert sanitize(producer_consumer()).ok
+
+
+def test_wait_on_wrong_stream_and_third_stream_consumer():
+    assert sanitize(producer_consumer(wait_stream=2)).kinds == ["race"]
+    # defect 1's shape: a second consumer on a third stream without its own wait
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(REC, 10, 1); b.sync(WAIT, 10, 0)
+    a = b.op(aten.add.Tensor, m, x, stream=0)
+    c = b.op(aten.sub.Tensor, m, x, stream=2)
+    rep = sanitize(b.output(a, c, m))
+    assert rep.kinds == ["race"] and rep.errors[0].nodes == ("sub", "mul")
+
+
+def test_write_after_read_through_inplace_op_and_view():
+    # stream 1 reads x's view; stream 0 then writes x in place (Tensor(a!)) with no sync: a write-after-read race
+    b = GraphBuilder(); x = b.input("x"); y = b.input("y")
+    v = b.op(aten.view.default, x, [16], stream=1)
+    r = b.op(aten.neg.default, v, stream=1)
+    w = b.op(aten.add_.Tensor, x, y, stream=0)
+    rep = sanitize(b.output(r, w))
+    assert rep.kinds == ["race"] and rep.errors[0].nodes == ("add_", "neg")
+    assert "writing to argument 'self'" in str(rep) and "reading from argument 'self'" in str(rep)
+
+
+def test_write_after_write():
+    b = GraphBuilder(); x = b.input("x"); y = b.input("y")
+    w1 = b.op(aten.copy_.default, x, y, stream=1)
+    w2 = b.op(aten.mul_.Tensor, x, y, stream=2)
+    assert sanitize(b.output(w1, w2)).kinds == ["race"]
+
+
+def test_reads_on_two_streams_do_not_conflict():
+    b = GraphBuilder(); x = b.input("x")
+    a = b.op(aten.neg.default, x, stream=1); c = b.op(aten.sin.default, x, stream=2)
+    assert sanitize(b.output(a, c)).ok
+
+
+def side_read(fix=None, dealloc_stream=0):
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=0)
+    if fix in ("record_stream", "both"): b.sync(streams.record_stream.default, m, 1)
+    b.sync(REC, 10, 0); b.sync(WAIT, 10, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=1)
+    if fix in ("sync_dealloc", "both"):
+        b.sync(REC, 11, 1); b.sync(DEALLOC, 11, dealloc_stream, m)
+    n = b.op(aten.neg.default, x, stream=0)
+    return b.output(a, n)
+
+
+def test_unsafe_reuse_and_both_fixes():
+    rep = sanitize(side_read())
+    assert rep.kinds == ["unsafe_reuse"] and rep.errors[0].streams == (1, 0)
+    assert "freed memory" in str(rep)
+    assert sanitize(side_read("record_stream")).ok
+    assert sanitize(side_read("sync_dealloc")).ok
+    assert sanitize(side_read("sync_dealloc", dealloc_stream=2)).kinds == ["unsafe_reuse"]   # waits on the wrong stream
+    rep = sanitize(side_read("both"))
+    assert rep.ok and rep.kinds == ["redundant_free"]
+
+
+def test_outputs_and_inputs_are_not_freed():
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=0)
+    b.sync(REC, 10, 0); b.sync(WAIT, 10, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=1)
+    assert sanitize(b.output(a, m)).ok      # m is returned: never freed by the graph
+    b = GraphBuilder(); x = b.input("x")
+    a = b.op(aten.neg.default, x, stream=1)
+    assert sanitize(b.output(a)).ok          # x belongs to the caller
+
+
+def test_earlier_side_stream_use_is_checked_too():
+    # defect 2's shape: used on stream 1, then last on stream 2; only stream 2 is synced back before the free
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=0)
+    b.sync(REC, 10, 0); b.sync(WAIT, 10, 1); b.sync(WAIT, 10, 2)
+    a = b.op(aten.neg.default, m, stream=1)
+    c = b.op(aten.sin.default, m, stream=2)
+    b.sync(REC, 11, 2); b.sync(DEALLOC, 11, 0, m)
+    rep = sanitize(b.output(a, c))
+    assert rep.kinds == ["unsafe_reuse"] and rep.errors[0].nodes[0] == "neg"
+
+
+@pytest.mark.parametrize("sync", ["stream", "device", "event"])
+def test_host_syncs_order_everything_after(sync):
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    if sync == "stream": b.sync(streams.synchronize_stream.default, 1)
+    if sync == "device": b.sync(streams.synchronize_device.default, "cuda", 0)
+    if sync == "event": b.sync(REC, 10, 1); b.sync(streams.synchronize_event.default, 10)
+    a = b.op(aten.add.Tensor, m, x, stream=0)
+    c = b.op(aten.sub.Tensor, m, x, stream=3)   # a stream first seen after the sync
+    assert sanitize(b.output(a, c, m)).ok
+
+
+def test_wait_stream_joins():
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.wait_stream.default, 0, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=0)
+    assert sanitize(b.output(a, m)).ok
+
+
+def test_wait_without_record():
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(WAIT, 10, 0); b.sync(REC, 10, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=0)
+    rep = sanitize(b.output(a, m))
+    assert sorted(rep.kinds) == ["race", "wait_without_record"]
+    assert "never recorded" in str(rep) or "no record_event" in str(rep)
+
+
+def test_current_stream_indices_are_one_stream():
+    reg = StreamRegistry(start=10)           # nothing pinned: None and handed-out indices are "the current stream"
+    cur = reg.get_current_stream("meta")
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x)          # unannotated
+    a = b.op(aten.add.Tensor, m, x, stream=cur)
+    gm = b.output(a)
+    assert sanitize(gm, registry=reg).ok
+    assert sanitize(gm, registry=StreamRegistry(start=10, current_stream=0)).kinds == ["race", "unsafe_reuse"]
+
+
+def wrap(gm, sync, deps, through):
+    "Wrap `sync` as PyTorch's control_deps does: deps for ordering, `through` passed through (getitems 1..)."
+    g = gm.graph
+    sub = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    phs = [sub.graph.placeholder(f"arg_{i}") for i in range(len(through))]
+    sub.graph.output((sub.graph.call_function(sync.target, sync.args), *phs))
+    name = f"subgraph_{sync.name}"; setattr(gm, name, sub)
+    with g.inserting_before(sync):
+        ctrl = g.call_function(control_deps, (tuple(deps), g.get_attr(name), *through))
+        items = [g.call_function(operator.getitem, (ctrl, i + 1)) for i in range(len(through))]
+    g.erase_node(sync)
+    return ctrl, items
+
+
+def wrapped_pair(consumer_from_wait=True, record_dep=True):
+    gm = producer_consumer()
+    rec, wait = [n for n in gm.graph.nodes if stream_op(n) is not None]
+    m, a = node(gm, "mul"), node(gm, "add")
+    rctrl, (m1,) = wrap(gm, rec, [m] if record_dep else [], [m])
+    wctrl, items = wrap(gm, wait, [rctrl, m1], [m1] if consumer_from_wait else [])
+    a.replace_input_with(m, items[0] if consumer_from_wait else m1)
+    gm.recompile()
+    return gm
+
+
+def test_reorder():
+    assert sanitize(producer_consumer()).ok
+    assert sanitize(producer_consumer(), reorder=True).kinds == ["reorderable"]
+    gm = wrapped_pair()
+    assert stream_op(node(gm, "control_deps"))[0] is REC
+    assert sanitize(gm).ok and sanitize(gm, reorder=True).ok
+    assert sanitize(wrapped_pair(consumer_from_wait=False), reorder=True).kinds == ["reorderable"]
+    assert sanitize(wrapped_pair(consumer_from_wait=False)).ok
+
+
+def test_reorder_free_needs_the_dealloc_to_depend_on_the_record():
+    gm = side_read("sync_dealloc")
+    assert sanitize(gm).ok
+    rep = sanitize(gm, reorder=True)
+    assert "reorderable" in rep.kinds and "unsafe_reuse" not in rep.kinds
+
+
+def test_stall_warning_with_estimates():
+    def g(dealloc_last):
+        b = GraphBuilder(); x = b.input("x")
+        m = b.op(aten.mul.Tensor, x, x, stream=0)
+        b.sync(REC, 10, 0); b.sync(WAIT, 10, 1)
+        a = b.op(aten.mm.default, m, x, stream=1)
+        b.sync(REC, 11, 1)
+        if not dealloc_last: b.sync(DEALLOC, 11, 0, m)
+        n = b.op(aten.cos.default, b.op(aten.sin.default, b.op(aten.neg.default, x, stream=0), stream=0), stream=0)
+        if dealloc_last: b.sync(DEALLOC, 11, 0, m)
+        return b.output(a, n)
+    est = lambda n: 2.5 if n.target is aten.mm.default else 1.0
+    rep = sanitize(g(False), estimate=est)
+    assert rep.ok and rep.kinds == ["stall"]
+    assert sanitize(g(True), estimate=est).kinds == []
+    assert sanitize(g(False)).kinds == []       # no estimate, no timing claims
+
+
+def safe_graph(seed, n_nodes=25, n_streams=3, free_mid_graph=True):
+    """Safe by construction: every kernel's event is recorded right after it; a consumer waits for each producer on
+    another stream; a tensor used on another stream is returned, or synced back with sync_dealloc after that use."""
+    rng = random.Random(seed)
+    b = GraphBuilder(); xs = [b.input(f"x{i}") for i in range(2)]
+    vals, stream_of, event_of = list(xs), {}, {}
+    ev = iter(range(100, 10_000))
+    for _ in range(n_nodes):
+        s = rng.randrange(n_streams)
+        args = [vals[max(0, len(vals) - 1 - int(rng.expovariate(0.4)))] for _ in range(rng.choice((1, 2)))]
+        for p in args:
+            if p in event_of and stream_of[p] != s: b.sync(WAIT, event_of[p], s)
+        n = b.op(aten.neg.default, *args, stream=s) if len(args) == 1 else b.op(aten.add.Tensor, *args, stream=s)
+        e = next(ev); b.sync(REC, e, s)
+        vals.append(n); stream_of[n] = s; event_of[n] = e
+        if free_mid_graph:
+            for p in args:   # p's block may go back to its stream after this use: make that stream wait for it
+                if p in stream_of and stream_of[p] != s: b.sync(DEALLOC, e, stream_of[p], p)
+    outs = [n for n in vals if not n.users and n not in xs] if free_mid_graph else vals[2:]
+    return b.output(*outs)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_safe_by_construction(seed):
+    assert sanitize(safe_graph(seed)).ok, str(sanitize(safe_graph(seed)))
+    assert sanitize(safe_graph(seed, free_mid_graph=False)).kinds == []
+    assert sanitize(safe_graph(seed, n_streams=1), reorder=True).kinds == []
+
+
+def test_safe_by_construction_is_not_vacuous():
+    # dropping the sync_deallocs from the same graphs must be flagged on some seed
+    def strip(gm):
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is DEALLOC: gm.graph.erase_node(n)
+        return gm
+    assert any("unsafe_reuse" in sanitize(strip(safe_graph(s))).kinds for s in range(40))
+    def strip_waits(gm):
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is WAIT: gm.graph.erase_node(n)
+        return gm
+    assert any("race" in sanitize(strip_waits(safe_graph(s, free_mid_graph=False))).kinds for s in range(40))
+
+
+# ---- the seed's defects (DESIGN.md): the seed's pass gives a graph the sanitizer flags, the default one it passes
+from streamnb.graph import use_registry  # noqa: E402
+
+
+def pipeline(gm, seed_pass=None, **dealloc_kw):
+    from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
+    from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
+    from streamnb.dealloc import sync_deallocations
+    from streamnb.syncs import insert_backward_syncs
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        assign_backward_streams(gm); assign_epilogue_copy_streams(gm)
+        insert_backward_syncs(gm, upstream=seed_pass == "syncs")
+        sync_deallocations(gm, upstream=seed_pass == "dealloc", **dealloc_kw)
+        wrap_all_sync_nodes_with_control_deps(gm, upstream=seed_pass == "wrap")
+    return gm
+
+
+def graph_of(kind, shape=(4, 4)):
+    b = GraphBuilder(shape=shape); g = b.input("tangents_1")
+    if kind == "third_stream":
+        mul = b.op(aten.mul.Tensor, g, g, stream=1)
+        return b.output(b.op(aten.add.Tensor, mul, g, stream=0), b.op(aten.sub.Tensor, mul, g, stream=2), mul)
+    if kind == "two_side_streams":
+        mul = b.op(aten.mul.Tensor, g, g, stream=0)
+        return b.output(b.op(aten.neg.default, mul, stream=1), b.op(aten.sin.default, mul, stream=2))
+    if kind == "side_read_once":
+        mul = b.op(aten.mul.Tensor, g, g, stream=0)
+        return b.output(b.op(aten.neg.default, mul, stream=1))
+    if kind == "cross_stream":
+        mul = b.op(aten.mul.Tensor, g, g, stream=1)
+        return b.output(b.op(aten.add.Tensor, mul, g, stream=0), mul)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("defect,graph,seed_pass,kw,check_kw,kind", [
+    (1, "third_stream", "syncs", {}, {}, "race"),
+    (2, "two_side_streams", "dealloc", {}, {}, "unsafe_reuse"),
+    (4, "side_read_once", "dealloc", dict(mechanism="record_stream"), {}, "redundant_free"),
+    (6, "cross_stream", "wrap", {}, dict(reorder=True), "reorderable"),
+])
+def test_seed_defects(defect, graph, seed_pass, kw, check_kw, kind):
+    reg = StreamRegistry(start=10, current_stream=0)
+    seed = sanitize(pipeline(graph_of(graph), seed_pass, **kw), registry=reg, **check_kw)
+    default = sanitize(pipeline(graph_of(graph), **kw), registry=reg, **check_kw)
+    assert seed.kinds == [kind], str(seed)
+    assert default.kinds == [], str(default)
+
+
+def test_seed_defect_3_stall_is_larger():
+    from streamnb.cost import get_roofline_estimate
+    def long_side_use():
+        b = GraphBuilder(dtype=torch.bfloat16, shape=(2048, 2048)); g = b.input("tangents_1")
+        mul = b.op(aten.mul.Tensor, g, g, stream=0)
+        mm = b.op(aten.mm.default, mul, g, stream=1)
+        a = g
+        for _ in range(5): a = b.op(aten.add.Tensor, a, 1.0, stream=0)
+        return b.output(mm, a)
+    def stall(gm):
+        rep = sanitize(gm, estimate=get_roofline_estimate)
+        assert rep.ok
+        return sum(float(w.message.split("estimated ")[1].split(" ")[0]) for w in rep.warnings if w.kind == "stall")
+    assert stall(pipeline(long_side_use(), "dealloc")) > 5 * stall(pipeline(long_side_use()))
+
+
+# ---- graphs that PyTorch itself produces: torch 2.13's own passes (tests/oracle.py runs them on CPU)
+def test_pytorch_passes_on_hand_graphs():
+    import oracle
+    reg = StreamRegistry(start=10**6)    # every node is annotated: no current-stream lookups
+    third = oracle.run_torch(graph_of("third_stream"), impl="torch")
+    assert sanitize(third, registry=reg).kinds == ["race"]                      # defect 1 is PyTorch's too
+    cross = oracle.run_torch(graph_of("cross_stream"), impl="torch")
+    assert sanitize(cross, registry=reg).ok
+    assert sanitize(cross, registry=reg, reorder=True).kinds == ["reorderable"]  # and defect 6
+
+
+def test_pytorch_joint_graph():
+    import oracle
+    from models import two_stream_fn
+    made = []
+    class Logged(oracle.Counter):   # to learn which indices torch handed out for "the current stream"
+        def __init__(self, *a, **k): super().__init__(*a, **k); made.append(self)
+    x = torch.randn(4, 4, device="meta", requires_grad=True); w = torch.randn(4, 4, device="meta", requires_grad=True)
+    orig = oracle.Counter
+    oracle.Counter = Logged
+    try: before, after = oracle.capture_joint(two_stream_fn, x, w, impl="torch")
+    finally: oracle.Counter = orig
+    reg = StreamRegistry(start=10**6)
+    for what, i in made[-1].log:
+        if what.startswith("current_stream"): reg.current_streams[i] = None
+    def backward_only(gm):
+        tag = {n.name: n.meta.get("partitioner_tag") for n in gm.graph.nodes}
+        # the joint graph's forward has no syncs (annotate only marks streams) and the backward passes leave it alone
+        return [e for e in sanitize(gm, registry=reg).errors if "is_forward" not in {tag[n] for n in e.nodes}]
+    assert {e.kind for e in backward_only(before)} == {"race", "unsafe_reuse"}
+    assert backward_only(after) == []
