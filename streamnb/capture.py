@@ -312,10 +312,22 @@ def _primals(self: Capture, inputs) -> list[torch.Tensor]:
     flat = [*state, *(x.detach() for x in inputs)]
     return [flat[j] for j in self.primal_order]
 
-def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
-    "Run forward then backward on the CPU; outputs, one grad per input (None where none is needed), parameter grads by name."
+def _execute(executor: Callable, gm: GraphModule, args: list) -> list:
+    "`executor(gm, *args)` as a list, checked against the number of `gm`'s outputs."
+    out = list(executor(gm, *args))
+    res = gm.graph.output_node().args[0]
+    want = len(res) if isinstance(res, (tuple, list)) else 1   # what run_graph returns for this graph
+    if len(out) != want:
+        raise CaptureError(f"the executor returned {len(out)} values for a graph with {want} outputs; "
+                           "an executor returns a list with one value per graph output (see run_graph)")
+    return out
+
+def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Callable | None = None) -> RunResult:
+    """Run forward then backward, each graph by `executor(gm, *args) -> list` (default `run_graph`, on the CPU); outputs,
+    one grad per input (None where none is needed), parameter grads by name."""
+    executor = run_graph if executor is None else executor
     primals = _primals(self, inputs)
-    fw_out = run_graph(self.forward, *primals)
+    fw_out = _execute(executor, self.forward, primals)
     outs, saved = fw_out[:self.num_fwd_outputs], fw_out[self.num_fwd_outputs:]
     saved_by_name = {n.name: v for n, v in zip(pytree.tree_leaves(self.forward.graph.output_node().args[0])[self.num_fwd_outputs:], saved)}
     wants = [i for i, info in enumerate(self.fw_metadata.output_info) if info.requires_grad]
@@ -327,7 +339,7 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
         elif p.name in saved_by_name: bw_in.append(saved_by_name[p.name])
         else: raise CaptureError(f"backward input {p.name} is not a forward output; cannot run this partition")
     flat_grads = [None] * (len(self.param_names) + len(self.buffer_names) + len(inputs))
-    for j, g in zip(self.primal_order, run_graph(self.backward, *bw_in)): flat_grads[j] = g
+    for j, g in zip(self.primal_order, _execute(executor, self.backward, bw_in)): flat_grads[j] = g
     grads, k = flat_grads, len(self.param_names) + len(self.buffer_names)
     out = pytree.tree_unflatten(outs, self.out_spec)
     return RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)])))

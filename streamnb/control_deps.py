@@ -14,7 +14,7 @@ from torch.fx.node import map_arg
 from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node, control_deps, get_subgraph_name
 
 from .graph import (
-    SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, get_registry, get_stream, is_bwd_node, streams)
+    SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, get_registry, get_stream, is_bwd_node, is_control_deps, streams)
 
 # %% auto #0
 __all__ = ['EmptyGraphError', 'check_events_recorded', 'wrap_all_sync_nodes_with_control_deps']
@@ -113,10 +113,41 @@ def _track(values: dict[int | None, list[Node]] | None, nodes: list[Node]) -> No
     for n in nodes: values.setdefault(get_stream(n), []).append(n)
 
 # %% ../nbs/05_control_deps.ipynb #eb4f8996
-def _sync_deps(sync_node: Node, deps: list[Node], upstream: bool) -> list[Node]:
+def _sync_deps(sync_node: Node, deps: list[Node], upstream: bool, forward_ctrls: set[Node] = frozenset()) -> list[Node]:
     "The deps `sync_node` gets: in default mode, a backward sync drops forward values (correction 7)."
     if upstream or not is_bwd_node(sync_node): return deps
-    return [d for d in deps if not _is_forward_value(d)]
+    # `forward_ctrls`: ctrls of forward syncs chained by correction 8; forward too, so dropped as well.
+    return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
+
+# %% ../nbs/05_control_deps.ipynb #eaa4a3b5
+def _reset_after_barrier(stream_to_nodes: dict[int | None, list[Node]], ctrl_node: Node | None, upstream: bool) -> None:
+    "After a host barrier the seed empties every list; by default (correction 8) each restarts at the barrier's ctrl."
+    if upstream or ctrl_node is None: stream_to_nodes.clear(); return
+    for s in stream_to_nodes: stream_to_nodes[s] = [ctrl_node]
+
+# %% ../nbs/05_control_deps.ipynb #5e11cf11
+def _chained(nodes: list[Node]) -> list[Node]:
+    "A stream's list as deps: its leading ctrl (correction 8) is dropped if a later node of the list reads its getitems."
+    if not nodes or not is_control_deps(nodes[0]): return nodes   # always so in upstream mode: the lists hold no ctrl
+    getitems = set(nodes[0].users)
+    if any(i in getitems for n in nodes[1:] for i in n.all_input_nodes): return nodes[1:]
+    return nodes
+
+# %% ../nbs/05_control_deps.ipynb #67830e98
+def _deallocs_by_record(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
+    "Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again)."
+    last_record: dict[int, Node] = {}
+    deallocs: dict[Node, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op != "call_function": continue
+        if n.target is streams.record_event.default: last_record[n.args[0]] = n
+        elif n.target is streams.sync_dealloc.default and n.args[0] in last_record:
+            deallocs.setdefault(last_record[n.args[0]], []).append(n)
+    return deallocs
+
+def _dealloc_tensors(deallocs: list[Node]) -> list[Node]:
+    "The tensors (as they are read now: maybe a getitem of an earlier sync) that `deallocs` free."
+    return [d.args[2] for d in deallocs if isinstance(d.args[2], Node)]
 
 # %% ../nbs/05_control_deps.ipynb #58f1bf95
 _PASS = "wrap_all_sync_nodes_with_control_deps"
@@ -138,6 +169,9 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
     visited: set[Node] = set()
     # Default only: every value so far per stream, and the getitems that stand for it (for the waits' consumers).
     values: dict[int | None, list[Node]] | None = None if upstream else {}
+    # Default only: the record_event each sync_dealloc waits for (correction 9), and the ctrls of forward syncs.
+    deallocs = {} if upstream else _deallocs_by_record(graph)
+    forward_ctrls: set[Node] = set()
     found_sync = False
     node = next(iter(graph.nodes))
     while node.op != "root":
@@ -147,18 +181,22 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
             if node.target in SYNC_OPS:
                 # The host blocks: a barrier across all streams.
                 if node.target in (streams.synchronize_device.default, streams.synchronize_stream.default):
-                    all_stream_deps = _sync_deps(node, [n for nodes in stream_to_nodes.values() for n in nodes], upstream)
+                    all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
+                    all_stream_deps = _sync_deps(node, all_stream_deps, upstream, forward_ctrls)
+                    if not upstream: all_stream_deps = list(dict.fromkeys(all_stream_deps))
+                    ctrl_node = None
                     if all_stream_deps:
                         found_sync = True
-                        _, passthrough = _wrap_sync_node(gm, node, all_stream_deps, visited, upstream=upstream)
+                        ctrl_node, passthrough = _wrap_sync_node(gm, node, all_stream_deps, visited, upstream=upstream)
                         _track(values, passthrough)
-                    stream_to_nodes.clear()
+                        if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
+                    _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
                     node = next_node
                     continue
                 event_index = node.args[0]
                 if node.target is streams.synchronize_event.default:
                     sync_stream = event_to_stream.get(event_index)
-                    all_stream_deps = [n for nodes in stream_to_nodes.values() for n in nodes]
+                    all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
                     if event_index not in event_to_stream:   # recorded outside: order after the graph's inputs
                         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
                         deps_before_sync = [*placeholders, *all_stream_deps]
@@ -166,17 +204,20 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                         deps_before_sync = all_stream_deps
                 else:
                     sync_stream = node.args[1]
-                    deps_before_sync = list(stream_to_nodes.get(sync_stream, ()))
+                    deps_before_sync = list(_chained(stream_to_nodes.get(sync_stream, [])))
                     # Unannotated nodes run on the current stream: count them for any stream a sync names.
                     if None in stream_to_nodes and sync_stream is not None:
-                        deps_before_sync.extend(stream_to_nodes[None])
+                        deps_before_sync.extend(_chained(stream_to_nodes[None]))
                 # A wait or synchronize must not move above its record.
                 if (node.target in (streams.wait_event.default, streams.synchronize_event.default)
                         and event_index in event_to_ctrl):
                     deps_before_sync = [event_to_ctrl[event_index], *deps_before_sync]
                 if node.target is streams.synchronize_event.default and event_index in event_to_passthrough:
                     deps_before_sync = [*deps_before_sync, *event_to_passthrough[event_index]]
-                deps_before_sync = _sync_deps(node, deps_before_sync, upstream)   # correction 7
+                if not upstream and node.target is streams.record_event.default:   # correction 9
+                    deps_before_sync += [t for t in _dealloc_tensors(deallocs.get(node, ())) if t not in deps_before_sync]
+                deps_before_sync = _sync_deps(node, deps_before_sync, upstream, forward_ctrls)   # correction 7
+                if not upstream: deps_before_sync = list(dict.fromkeys(deps_before_sync))   # a chained ctrl may come twice
                 # Default only (correction 6): consumers after a wait read their cross-stream inputs through it.
                 if not upstream and node.target is streams.wait_event.default:
                     deps_before_sync += _unordered_cross_stream_inputs(
@@ -185,17 +226,19 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                     found_sync = True
                     ctrl_node, passthrough = _wrap_sync_node(gm, node, deps_before_sync, visited, upstream=upstream)
                     _track(values, passthrough)
+                    if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
                 else:   # nothing to order after: the sync stays bare
                     ctrl_node, passthrough = None, []
                 if node.target is streams.record_event.default:
                     event_to_stream[event_index] = sync_stream
                     if ctrl_node is not None: event_to_ctrl[event_index] = ctrl_node
                     event_to_passthrough[event_index] = passthrough
-                # Later nodes accumulate afresh: earlier ones are ordered through the getitems.
+                # Later nodes accumulate afresh: earlier ones are ordered through the getitems (and, by default,
+                # through the ctrl, which starts the stream's new list: correction 8).
                 if node.target is streams.synchronize_event.default:
-                    stream_to_nodes.clear()
+                    _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
                 else:
-                    stream_to_nodes[sync_stream] = []
+                    stream_to_nodes[sync_stream] = [] if upstream or ctrl_node is None else [ctrl_node]
                     if None in stream_to_nodes: stream_to_nodes[None] = []
             elif "val" in node.meta:
                 stream_to_nodes.setdefault(get_stream(node), []).append(node)

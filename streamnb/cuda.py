@@ -401,14 +401,12 @@ def _has_syncs(gm: GraphModule) -> bool:
 
 def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines: dict | None, warmup: int,
                    forward_streams: bool):
-    "Call `capture.run` with each graph run by this module's executor on `device`."
-    import unittest.mock
-    import streamnb.capture as capture_module
+    "`capture.run` with `executor=`: each graph run by this module's `run` (or `measure`) on `device`."
     device = _capture_device(backend, device)
     if device.type != "cpu": _check_no_cpu_kernels(capture)
     backend = backend if backend is not None else default_backend(device)
     reg = StreamRegistry(start=100, current_stream=capture.current_stream)
-    def run_graph(gm: GraphModule, *args) -> list:
+    def executor(gm: GraphModule, *args) -> list:
         args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
         single = gm is capture.forward and not forward_streams and not _has_syncs(gm)
         kw = dict(backend=backend, registry=reg, device=device, single_stream=single)
@@ -418,9 +416,8 @@ def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines:
                 which = "forward" if gm is capture.forward else "backward"
                 out, timelines[which] = measure(gm, *args, warmup=warmup, name=f"{which} (measured)", **kw)
         return list(out) if isinstance(out, (tuple, list)) else [out]
-    cpu_inputs = [x.detach().cpu() for x in inputs]   # Capture.run checks for CPU inputs; run_graph moves them
-    with unittest.mock.patch.object(capture_module, "run_graph", run_graph):
-        return capture.run(*cpu_inputs, grad_outputs=grad_outputs)
+    cpu_inputs = [x.detach().cpu() for x in inputs]   # Capture.run checks for CPU inputs; the executor moves them
+    return capture.run(*cpu_inputs, grad_outputs=grad_outputs, executor=executor)
 
 def run_capture(capture, *inputs, device=None, backend=None, grad_outputs=None, forward_streams: bool = False):
     "`capture.run(*inputs)` (outputs, grads, parameter grads) with both graphs on `device`'s streams (CUDA by default)."

@@ -125,7 +125,6 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
     _check_mechanism(mechanism)
     needed = None if upstream else _needs_val(gm)
     if not begin_pass(gm, "sync_deallocations", need_val=None if upstream else needed.__contains__): return
-    n_before = len(gm.graph.nodes)
     if upstream: _seed_sync_deallocations(gm, mechanism, device)
     else:
         stream_to_exec_trace: dict = {}
@@ -134,4 +133,4 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
             for last_usage in _side_stream_last_uses(node) or []:
                 handle_synced_deallocation(gm.graph, stream_to_exec_trace, node, last_usage,
                                            mechanism=mechanism, device=device)
-    if len(gm.graph.nodes) != n_before: gm.recompile()
+    # No gm.recompile(), as in the seed: the wrap pass that follows recompiles once for the whole pipeline.

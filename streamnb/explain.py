@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.fx import GraphModule
 
 from .capture import Capture, PartitionError, capture
-from .graph import STREAM_OPS, StreamRegistry, sync_target
+from .graph import STREAM_OPS, StreamRegistry, sync_target, use_registry
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize
@@ -91,9 +91,7 @@ def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: Strea
     except PartitionError as e:   # the seed's joint graph: process the backward alone (see above)
         processed, error = None, str(e)
         backward = copy.deepcopy(cap.backward)
-        with torch.fx.traceback.preserve_node_meta():
-            from streamnb.graph import use_registry
-            with use_registry(registry): run_stream_passes(backward, upstream=upstream, device=device)
+        with use_registry(registry): run_stream_passes(backward, upstream=upstream, device=device)
     return ModeResult(mode=mode, backward=backward,
                       timeline=simulate(backward, device=device, registry=registry, name=mode),
                       report=sanitize(backward, registry=registry),
@@ -149,15 +147,16 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
     progress = []
     def step(msg):
         progress.append(msg); say(msg)
-    registry = StreamRegistry(start=100)
-    step("capturing forward and backward with AOTAutograd")
-    cap = capture(fn_or_module, *example_inputs)
-    registry = StreamRegistry(start=100, current_stream=cap.current_stream)
-    before = simulate(cap.backward, device=device, registry=registry, name="before")
-    modes = {}
-    for upstream in (True, False):
-        step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
-        modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry, check)
+    with warnings.catch_warnings():   # torch 2.13 warns about its own TreeSpec whenever a graph is deep-copied
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        step("capturing forward and backward with AOTAutograd")
+        cap = capture(fn_or_module, *example_inputs)
+        registry = StreamRegistry(start=100, current_stream=cap.current_stream)
+        before = simulate(cap.backward, device=device, registry=registry, name="before")
+        modes = {}
+        for upstream in (True, False):
+            step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
+            modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry, check)
     ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress)
     if show: show_explanation(ex)
     return ex

@@ -48,7 +48,7 @@ def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: flo
     y = {r: i for i, r in enumerate(rs)}
     racy = {r.consumer for r in tl.unordered_reads}
     for name, (s, start, end) in tl.spans.items():
-        color = _STREAM_COLORS[rs.index(s) % len(_STREAM_COLORS)]
+        color = _STREAM_COLORS[s % len(_STREAM_COLORS)]   # by stream index: same colour in every panel
         bad = name in racy
         (bar,) = ax.barh(y[s], (end - start) * k, left=start * k, height=0.6, color=color, alpha=0.85,
                          edgecolor="red" if bad else "black", linewidth=2.0 if bad else 0.5)

@@ -9,8 +9,8 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import (begin_pass, get_device, get_stream, get_stream_or_current_stream, is_bwd_node,
-                            new_event, streams)
+from .graph import (STREAM_OPS, begin_pass, get_device, get_stream, get_stream_or_current_stream,
+                            is_bwd_node, new_event, streams)
 
 # %% auto #0
 __all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'insert_sync', 'insert_backward_syncs']
@@ -49,6 +49,44 @@ def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event
         node_to_wait_event_ind[waiting] = node_to_wait_event_ind[producer]
         insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
 
+# %% ../nbs/03_syncs.ipynb #e158b314
+def _written_args(node: Node) -> list[Node]:
+    "The Node arguments that `node` writes in place: those its schema marks `Tensor(a!)` (e.g. `copy_`'s `self`)."
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None: return []
+    out: list[Node] = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write: continue
+        v = node.args[i] if i < len(node.args) and not a.kwarg_only else node.kwargs.get(a.name)
+        map_arg(v, out.append)
+    return out
+
+def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
+    "For each backward in-place writer: `(last user, tensor)` for each other stream that used the written tensor before it."
+    bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and n.target not in STREAM_OPS]
+    written = {n: ts for n in bwd if (ts := _written_args(n))}
+    last: dict[Node, dict] = {t: {} for ts in written.values() for t in ts}   # tensor -> {stream: last user so far}
+    out: dict[Node, list[tuple[Node, Node]]] = {}
+    for n in bwd:
+        s = get_stream(n)
+        for t in written.get(n, ()):
+            pairs = [(user, t) for user_stream, user in last[t].items() if user_stream != s]
+            if pairs: out.setdefault(n, []).extend(pairs)
+        for t in n.all_input_nodes:
+            if t in last: last[t][s] = n
+    return out
+
+# %% ../nbs/03_syncs.ipynb #4884264e
+def _war_val_readers(war: dict[Node, list[tuple[Node, Node]]]) -> set[Node]:
+    "The nodes whose `meta['val']` the write-after-read syncs read."
+    need = set()
+    for writer, pairs in war.items():
+        for user, t in pairs:
+            need.add(t)
+            if "val" in t.meta and getattr(t.meta["val"], "device", None) != torch.device("cpu"):
+                need.update(n for n in (user, writer) if get_stream(n) is None)
+    return need
+
 # %% ../nbs/03_syncs.ipynb #bd5dcb1b
 def _get_flat_args(node: Node) -> list[Node]:
     "The Node arguments of `node`, in order, duplicates kept (the seed's `_get_flat_args(node, {})`)."
@@ -75,17 +113,25 @@ def _val_readers(gm: GraphModule) -> set[Node]:
 
 # %% ../nbs/03_syncs.ipynb #b649a599
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
-    "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only)."
+    "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
+    war = None   # writer -> [(last user on another stream, written tensor)]; the seed has none (correction 10)
+    def war_syncs():
+        nonlocal war
+        if war is None: war = {} if upstream else _war_syncs(gm)
+        return war
     readers = None
     def need_val(n):
         nonlocal readers
-        if readers is None: readers = _val_readers(gm)
+        if readers is None: readers = _val_readers(gm) | _war_val_readers(war_syncs())
         return n in readers
     if not begin_pass(gm, "insert_backward_syncs", need_val=need_val): return
+    war = war_syncs()   # found before any insertion: inserted syncs use no tensors
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node):
             for arg in _get_flat_args(node):
                 if _crosses_streams(node, arg) and get_device(arg).type != "cpu":
                     insert_sync(gm.graph, node, arg, node_to_wait_event_ind, upstream=upstream)
-    if node_to_wait_event_ind: gm.recompile()
+            for user, tensor in war.get(node, ()):   # default only: a write waits for earlier uses on other streams
+                if get_device(tensor).type != "cpu":
+                    insert_sync(gm.graph, node, user, node_to_wait_event_ind)

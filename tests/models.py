@@ -1,17 +1,16 @@
-"""Small models with stream annotations, shared by the tests, the capture chapter and the command line.
+"""Small models with stream annotations, shared by the tests and the capture and CUDA chapters.
 
 Every model is tiny (CPU, milliseconds) and marks its regions with `torch.fx.traceback.annotate({"stream": i})`.
 Stream 0 and unannotated code are the default stream; side streams are 1, 2, ...
-`example_inputs(name)` gives inputs (seeded) for each model in `MODELS`.
+`make_model(name)` gives a seeded instance and its inputs for each model in `MODELS`.
 """
+import functools
+
 import torch
 import torch.nn as nn
-import torch.fx.traceback as fxt
 
-
-def on_stream(i):
-    "The region runs on stream `i` (an AOTAutograd stream annotation; backward nodes inherit it)."
-    return fxt.annotate({"stream": i})
+# The explain chapter's demo model and its annotation helper (one definition, in the library); made small below.
+from streamnb.explain import TransformerBlock, on_stream
 
 
 class TwoBranchMLP(nn.Module):
@@ -26,24 +25,6 @@ class TwoBranchMLP(nn.Module):
         with on_stream(1): left = self.a2(torch.relu(self.a1(x)))
         with on_stream(2): right = self.b2(torch.tanh(self.b1(x)))
         return self.head(left + right)
-
-
-class TransformerBlock(nn.Module):
-    """Pre-norm transformer block: attention on stream 1, the MLP on stream 2. The residual `x` is used by both
-    regions, so its gradient is accumulated from two streams (a gradient-accumulation node across streams)."""
-    def __init__(self, d=8, heads=2, h=16):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d))
-
-    def forward(self, x):
-        with on_stream(1):
-            h = self.ln1(x)
-            a, _ = self.attn(h, h, h, need_weights=False)
-        x = x + a
-        with on_stream(2): m = self.mlp(self.ln2(x))
-        return x + m
 
 
 class SideStreamConsumer(nn.Module):
@@ -79,7 +60,8 @@ def two_stream_fn(x, w):
 
 MODELS = {
     "two_branch_mlp": (TwoBranchMLP, (2, 8)),
-    "transformer_block": (TransformerBlock, (2, 3, 8)),
+    # pre-norm block, attention on stream 1 and the MLP on stream 2: x's grad is accumulated from two streams
+    "transformer_block": (functools.partial(TransformerBlock, d=8, heads=2, hidden=16), (2, 3, 8)),
     "side_stream_consumer": (SideStreamConsumer, (2, 8)),
     "no_streams": (NoStreams, (2, 8)),
 }
@@ -88,8 +70,8 @@ STREAM_MODELS = [k for k in MODELS if k != "no_streams"]
 
 def make_model(name, seed=0):
     "A seeded instance of the model `name` and its example inputs (one input that requires grad)."
-    cls, shape = MODELS[name]
+    make, shape = MODELS[name]
     torch.manual_seed(seed)
-    model = cls()
+    model = make()
     x = torch.randn(*shape, requires_grad=True)
     return model, (x,)

@@ -1,4 +1,4 @@
-"""Tests for streamnb.control_deps: the seed's control_deps wrapping (upstream=True), and correction 6 (default).
+"""Tests for streamnb.control_deps: the seed's control_deps wrapping (upstream=True), corrections 6 to 9 (default).
 
 Replicas of upstream tests (test/dynamo/test_streams.py, UPSTREAM.md §3.1) are written on GraphBuilder graphs.
 `upstream=True` is compared with torch 2.13's own `wrap_all_sync_nodes_with_control_deps`, which equals the seed's
@@ -85,9 +85,9 @@ def two_waits_one_event():
     return b.output(c0, c2)
 
 
-def backward_sync():
+def backward_sync(dealloc=True):
     """Shape of test_stream_backward_sync's backward after syncs/dealloc: mul_3 on s2 recorded (3), s1 waits,
-    add_3 reads a stream-1 value and mul_3; then record(4, 1) and sync_dealloc(4, 2, mul_3)."""
+    add_3 reads a stream-1 value and mul_3; then record(4, 1) and sync_dealloc(4, 2, mul_3) (if `dealloc`)."""
     b = GraphBuilder()
     t = b.input("tangents_1")
     p = b.input("primals_1", tag="is_forward")
@@ -97,8 +97,23 @@ def backward_sync():
     b.sync(WAIT, 3, 1, tag="must_be_in_backward")
     add = b.op(aten.add.Tensor, m2, m3, stream=1)
     b.sync(REC, 4, 1, tag="must_be_in_backward")
-    b.graph.call_function(streams.sync_dealloc.default, (4, 2, m3))
+    if dealloc: b.graph.call_function(streams.sync_dealloc.default, (4, 2, m3))
     return b.output(add)
+
+
+def joint_record_wait(sync_tag="must_be_in_backward"):
+    """Joint-like: forward f (stream 1) and unannotated forward u, both read again by the backward; backward g on
+    stream 1, record(3, 1), wait(3, 0), then h = g * f * u on stream 0. Outputs f, u (forward) and h."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+    u = b.op(aten.cos.default, x, tag="is_forward")
+    t = b.input("tangents_1")
+    g = b.op(aten.mul.Tensor, t, t, stream=1)
+    b.sync(REC, 3, 1, tag=sync_tag)
+    b.sync(WAIT, 3, 0, tag=sync_tag)
+    h = b.op(aten.mul.Tensor, b.op(aten.mul.Tensor, g, f, stream=0), u, stream=0)
+    return b.output(f, u, h)
 
 
 def torch_wrap(gm):
@@ -110,10 +125,14 @@ def torch_wrap(gm):
 # The seed (upstream=True) against torch 2.13, and both modes where the seed is right
 # ---------------------------------------------------------------------------------------------------------------
 
-SEED_RIGHT = [fwd_record_wait, backward_sync]
+# Graphs the seed gets right, which every correction leaves alone: each consumer after a wait reads a value the wait
+# passed through (6), no forward values (7), every sync but the first on its stream follows a consumer of the one
+# before it (8: the chain is implied), no sync_dealloc (9: its record always gets the tensor).
+SEED_RIGHT = [fwd_record_wait, lambda: backward_sync(dealloc=False)]
 
 
-@pytest.mark.parametrize("make", SEED_RIGHT + [hoistable, two_waits_one_event, lambda: fwd_record_wait(False)])
+@pytest.mark.parametrize("make", SEED_RIGHT + [hoistable, two_waits_one_event, lambda: fwd_record_wait(False),
+                                  joint_record_wait])
 def test_upstream_matches_torch(make):
     ours = make(); wrap(ours, upstream=True)
     assert canonical(ours) == canonical(torch_wrap(make()))
@@ -282,6 +301,276 @@ def test_unannotated_consumer_counts_on_current_stream_only():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Correction 7: backward syncs never depend on forward values
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def is_fwd(n):
+    return n.meta.get("partitioner_tag") == "is_forward"
+
+
+def backward_forward_deps(gm):
+    "(ctrl, value) pairs: a backward sync (its subgraph's op) with a forward value as a dep or a passthrough."
+    return [(c, d) for c in ctrls(gm) if inner(gm, c).meta.get("partitioner_tag") in ("is_backward", "must_be_in_backward")
+            for d in dict.fromkeys((*c.args[0], *c.args[2:])) if is_fwd(d)]
+
+
+def test_seed_gives_backward_sync_forward_deps():
+    gm = joint_record_wait(); wrap(gm, upstream=True)
+    rec, _ = ctrls(gm)
+    assert [d.name for d in rec.args[0]] == ["sin", "mul", "cos"]          # stream 1 (f, g), then the None list (u)
+    assert {(c.name, d.name) for c, d in backward_forward_deps(gm)} == {("control_deps", "sin"), ("control_deps", "cos")}
+    # the backward reads the forward values from getitems of a backward node that carry the forward tag
+    mul_1 = node(gm, "mul_1")
+    assert mul_1.args[1].args[0] is rec and is_fwd(mul_1.args[1])
+
+
+def test_default_backward_sync_drops_forward_deps():
+    gm = joint_record_wait(); wrap(gm)
+    gm.graph.lint()
+    rec, wait = ctrls(gm)
+    assert backward_forward_deps(gm) == []
+    assert [d.name for d in rec.args[0]] == ["mul"]
+    mul_1, mul_2 = node(gm, "mul_1"), node(gm, "mul_2")
+    assert mul_1.args[1] is node(gm, "sin") and mul_2.args[1] is node(gm, "cos")   # read directly
+    assert wait in ancestors(mul_2)                                             # still ordered after the wait
+    assert not any(is_fwd(n) for n in gm.graph.nodes if n.target is __import__("operator").getitem)
+
+
+def test_forward_syncs_keep_forward_deps(monkeypatch):
+    "The same graph with forward-tagged (or untagged) syncs: correction 7 drops nothing (the seed's deps stay)."
+    import streamnb.control_deps as cd
+    for tag in ("is_forward", None):
+        a, up = joint_record_wait(tag), joint_record_wait(tag)
+        wrap(a); wrap(up, upstream=True)
+        assert [d.name for d in ctrls(a)[0].args[0]] == [d.name for d in ctrls(up)[0].args[0]] == ["sin", "mul", "cos"]
+        with monkeypatch.context() as m:
+            m.setattr(cd, "_sync_deps", lambda node, deps, upstream, forward_ctrls=(): deps)   # correction 6 only
+            b = joint_record_wait(tag); wrap(b)
+        assert canonical(a) == canonical(b)
+
+
+def test_backward_barriers_drop_forward_values():
+    "synchronize_device and an external synchronize_event in the backward: no forward nodes, no primals."
+    def make(sync):
+        b = GraphBuilder()
+        x = b.input("primals_1", tag="is_forward")
+        f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+        t = b.input("tangents_1")
+        g = b.op(aten.mul.Tensor, t, t, stream=2)
+        b.sync(*sync, tag="must_be_in_backward")
+        return b.output(f, b.op(aten.add.Tensor, g, f))
+    for sync, expected in [((streams.synchronize_device.default, "cuda", 0), ["mul"]),
+                           ((SYNC_E, 9), ["tangents_1", "mul"])]:
+        gm, up = make(sync), make(sync)
+        wrap(gm); wrap(up, upstream=True)
+        (c,) = ctrls(gm)
+        assert [d.name for d in c.args[0]] == expected
+        assert backward_forward_deps(up) and backward_forward_deps(gm) == []
+        assert node(gm, "add").args[1] is node(gm, "sin")
+
+
+def test_backward_sync_with_only_forward_deps_stays_bare():
+    def make():
+        b = GraphBuilder()
+        x = b.input("primals_1", tag="is_forward")
+        f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+        b.sync(REC, 3, 1, tag="must_be_in_backward")
+        t = b.input("tangents_1")
+        return b.output(f, b.op(aten.mul.Tensor, t, f, stream=1))
+    gm, up = make(), make()
+    wrap(gm); wrap(up, upstream=True)
+    assert ctrls(gm) == [] and any(n.target is REC for n in gm.graph.nodes)
+    assert [d.name for d in ctrls(up)[0].args[0]] == ["sin"]
+
+
+def backward_syncs_graph(seed, n_forward):
+    return graphgen.random_backward_graph(seed, n_nodes=30, n_forward=n_forward, p_user_sync=0.3,
+                                          user_sync_tag="must_be_in_backward")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_default_random_joint_graphs_have_no_forward_deps(seed):
+    gm = backward_syncs_graph(seed, n_forward=6)
+    try:
+        wrap(gm)
+    except UnknownEventError:
+        pytest.skip("graph waits on an event recorded later")
+    gm.graph.lint()
+    assert backward_forward_deps(gm) == []
+
+
+def test_seed_random_joint_graphs_have_forward_deps_somewhere():
+    "The property above fails for the seed (so it can fail at all)."
+    bad = 0
+    for seed in range(40):
+        gm = backward_syncs_graph(seed, n_forward=6)
+        wrap(gm, upstream=True)
+        bad += len(backward_forward_deps(gm))
+    assert bad > 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_correction_7_changes_nothing_without_forward_values(seed, monkeypatch):
+    "No forward nodes (only forward-tagged primals, never deps of a wrapped record/wait): same graph as without it."
+    import streamnb.control_deps as cd
+    make = lambda: backward_syncs_graph(seed, n_forward=0)
+    a = make()
+    try:
+        wrap(a)
+    except UnknownEventError:
+        pytest.skip("graph waits on an event recorded later")
+    monkeypatch.setattr(cd, "_sync_deps", lambda node, deps, upstream, forward_ctrls=(): deps)
+    b = make(); wrap(b)
+    assert canonical(a) == canonical(b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Corrections 8 and 9 (found by streamnb's sanitizer): the chain of syncs on a stream; sync_dealloc after its record
+# ---------------------------------------------------------------------------------------------------------------
+
+from streamnb.sanitizer import sanitize  # noqa: E402
+
+DEALLOC = streams.sync_dealloc.default
+
+
+def chained_record():
+    "mm (stream 3) read on streams 0 and 2, one event each; record 14 follows record 13 with nothing in between."
+    b = GraphBuilder()
+    x = b.input("x")
+    mm = b.op(aten.mm.default, x, x, stream=3)
+    p0 = b.op(aten.cos.default, x, stream=0)
+    p2 = b.op(aten.cos.default, x, stream=2)
+    b.sync(REC, 13, 3)
+    b.sync(WAIT, 13, 0)
+    a = b.op(aten.add.Tensor, mm, p0, stream=0)
+    b.sync(REC, 14, 3)
+    b.sync(WAIT, 14, 2)
+    c = b.op(aten.add.Tensor, mm, p2, stream=2)
+    return b.output(a, c, mm)
+
+
+def dealloc_graph():
+    "mul (stream 0) read with a stream-1 value on stream 1; freed after record(11, 1)."
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=0)
+    p1 = b.op(aten.cos.default, x, stream=1)
+    b.sync(REC, 10, 0)
+    b.sync(WAIT, 10, 1)
+    b.op(aten.add.Tensor, mul, p1, stream=1)
+    b.sync(REC, 11, 1)
+    b.sync(DEALLOC, 11, 0, mul)
+    return b.output(node(b.gm, "add"))
+
+
+@pytest.mark.parametrize("make", [chained_record, dealloc_graph])
+@pytest.mark.parametrize("upstream", [True, False])
+def test_corrections_8_9_reorder_safe_only_by_default(make, upstream):
+    gm = make(); wrap(gm, upstream=upstream)
+    gm.graph.lint()
+    assert sanitize(gm).ok                                   # program order is fine in both modes
+    rep = sanitize(gm, reorder=True)
+    assert rep.kinds == (["reorderable"] if upstream else []), str(rep)
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_correction_8_record_chained_to_previous_sync(upstream):
+    gm = chained_record(); wrap(gm, upstream=upstream)
+    if upstream:
+        assert len(ctrls(gm)) == 3 and any(n.target is REC for n in gm.graph.nodes)   # record 14 left bare
+    else:
+        rec13, wait13, rec14, wait14 = ctrls(gm)
+        assert rec14.args[0] == (rec13,) and rec14.args[2:] == ()                      # a ctrl dep: no pass-through
+        assert node(gm, "mm") in ancestors(rec14)
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_correction_9_dealloc_reads_its_records_getitem(upstream):
+    gm = dealloc_graph(); wrap(gm, upstream=upstream)
+    rec10, wait10, rec11 = ctrls(gm)
+    dealloc = next(n for n in gm.graph.nodes if n.target is DEALLOC)
+    assert dealloc.args[2].args[0] is (rec10 if upstream else rec11)
+    assert (rec11 in ancestors(dealloc)) is (not upstream)
+
+
+def test_correction_8_after_a_barrier_and_bare_syncs():
+    "After synchronize_device every list restarts at its ctrl; a sync that gets no deps at all stays bare (no chain)."
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.neg.default, x, stream=1)
+    b.sync(streams.synchronize_device.default, "cuda", 0)
+    b.sync(REC, 3, 1)                                       # nothing new on stream 1: chained to the barrier
+    b.sync(REC, 4, 2)                                       # stream 2 never seen: bare in both modes
+    gm = b.output(y)
+    wrap(gm)
+    dev, rec3 = ctrls(gm)
+    assert rec3.args[0] == (dev,)
+    assert [n.args for n in gm.graph.nodes if n.target is REC] == [(4, 2)]
+
+
+def test_seed_leaves_record_after_barrier_bare():
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.neg.default, x, stream=1)
+    b.sync(streams.synchronize_device.default, "cuda", 0)
+    b.sync(REC, 3, 1)
+    gm = b.output(y)
+    wrap(gm, upstream=True)
+    assert len(ctrls(gm)) == 1 and [n.args for n in gm.graph.nodes if n.target is REC] == [(3, 1)]
+
+
+def test_correction_8_chain_implied_keeps_seed_deps():
+    "A consumer of the previous sync's getitem before the next sync: the chain adds nothing, the seed's deps stay."
+    a, b = backward_sync(dealloc=False), backward_sync(dealloc=False)
+    wrap(a); wrap(b, upstream=True)
+    assert canonical(a) == canonical(b)
+    assert [d.name for d in ctrls(a)[2].args[0]] == ["add"]
+
+
+def test_correction_8_backward_sync_drops_forward_ctrl():
+    "A forward user sync's ctrl is not chained into the backward (as correction 7 drops forward values)."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+    b.sync(REC, 2, 1, tag="is_forward")
+    b.sync(REC, 3, 1, tag="must_be_in_backward")
+    gm = b.output(f)
+    wrap(gm)
+    assert len(ctrls(gm)) == 1 and [n.args for n in gm.graph.nodes if n.target is REC] == [(3, 1)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_default_orders_every_dealloc_after_its_record_on_pipeline_graphs(seed):
+    "After the default pipeline every sync_dealloc depends on the record of its event (the seed: none does)."
+    from streamnb.pipeline import run_stream_passes
+    import operator
+    found = {}
+    for upstream in (False, True):
+        with use_registry(StreamRegistry(start=10, current_stream=0)):
+            gm = run_stream_passes(graphgen.random_backward_graph(seed, n_streams=3, p_fanout=0.4), upstream=upstream)
+        rec_of = {}
+        for c in ctrls(gm):
+            inner_node = next(n for n in getattr(gm, c.args[1].target).graph.nodes if n.op == "call_function")
+            if inner_node.target is REC: rec_of[inner_node.args[0]] = c
+        deallocs = [n for n in gm.graph.nodes if n.target is DEALLOC]
+        found[upstream] = [rec_of.get(d.args[0]) in ancestors(d) for d in deallocs]
+    assert all(found[False])
+    assert not any(found[True])
+
+
+def test_pipeline_graphs_have_deallocs():
+    "The property above is not vacuous."
+    from streamnb.pipeline import run_stream_passes
+    n = 0
+    for seed in range(30):
+        with use_registry(StreamRegistry(start=10, current_stream=0)):
+            gm = run_stream_passes(graphgen.random_backward_graph(seed, n_streams=3, p_fanout=0.4))
+        n += sum(1 for x in gm.graph.nodes if x.target is DEALLOC)
+    assert n > 10
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Upstream test replicas (test_streams.py)
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -363,15 +652,18 @@ def test_external_event_synchronize_threads_inputs(upstream):
     assert node(gm, "neg").args[0].args[0] is sync
 
 
-def test_backward_sync_replica():
-    "add reads the wait's getitem (stream 1) and the record's getitem (mul_1); sync_dealloc keeps a getitem."
-    gm = backward_sync(); wrap(gm)
+@pytest.mark.parametrize("upstream", [True, False])
+def test_backward_sync_replica(upstream):
+    """add reads the wait's getitem (stream 1) and the record's getitem (mul_1); sync_dealloc reads a getitem: the
+    seed's of record 3 (no edge from record 4, which it waits for), by default record 4's (correction 9)."""
+    gm = backward_sync(); wrap(gm, upstream=upstream)
     rec3, wait3, rec4 = ctrls(gm)
     add = node(gm, "add")
     assert {a.args[0] for a in add.args} == {wait3, rec3}
     assert wait3.args[0][0] is rec3
     dealloc = next(n for n in gm.graph.nodes if n.target is streams.sync_dealloc.default)
-    assert dealloc.args[2].args[0] is rec3
+    assert dealloc.args[2].args[0] is (rec3 if upstream else rec4)
+    assert [d.name for d in rec4.args[0]] == (["add"] if upstream else ["add", "getitem"])   # getitem: mul_1 via rec3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -379,7 +671,8 @@ def test_backward_sync_replica():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_synchronize_device_is_a_barrier_and_clears_lists():
+@pytest.mark.parametrize("upstream", [True, False])
+def test_synchronize_device_is_a_barrier_and_clears_lists(upstream):
     b = GraphBuilder()
     x = b.input("x")
     y = b.op(aten.neg.default, x, stream=1)
@@ -388,10 +681,10 @@ def test_synchronize_device_is_a_barrier_and_clears_lists():
     w = b.op(aten.cos.default, x, stream=1)
     b.sync(REC, 3, 1)
     gm = b.output(y, z, w)
-    wrap(gm)
+    wrap(gm, upstream=upstream)
     dev, rec = ctrls(gm)
     assert dev.args[0] == (y, z)
-    assert rec.args[0] == (w,)
+    assert rec.args[0] == ((w,) if upstream else (dev, w))   # correction 8: w does not read the barrier's getitems
 
 
 @pytest.mark.parametrize("upstream", [True, False])
@@ -406,13 +699,13 @@ def test_none_list_and_resets(upstream):
     d = b.op(aten.exp.default, x, stream=2)
     b.sync(WAIT, 3, 2)                            # deps: rec ctrl, c, d (u was reset by the record)
     e = b.op(aten.abs.default, x, stream=2)
-    b.sync(REC, 4, 2)                             # deps: e only (c, d reset by the wait)
+    b.sync(REC, 4, 2)                             # deps: e only (c, d reset by the wait); by default w3's ctrl first
     gm = b.output(u, a, c, d, e)
     wrap(gm, upstream=upstream)
     r3, w3, r4 = ctrls(gm)
     assert r3.args[0] == (a, u)
     assert w3.args[0] == (r3, c, d)
-    assert r4.args[0] == (e,)
+    assert r4.args[0] == ((e,) if upstream else (w3, e))
 
 
 def test_output_rewired_only_for_backward_deps():

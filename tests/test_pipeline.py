@@ -72,13 +72,21 @@ def test_processed_graph():
 def test_modes_differ_on_running_example_and_agree_where_seed_is_right():
     assert canonical(run(running_example())) != canonical(run(running_example(), upstream=True))
 
-    def own_stream_inputs():
+    # where the seed is right: the consumer reads a value of its own stream from before the wait (correction 6 has
+    # nothing to do), and no tensor is freed off its stream (no sync_dealloc, which correction 9 always changes)
+    def own_stream_inputs(mul_is_output=True):
         b = GraphBuilder()
         x, t = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
         mul = b.op(aten.mul.Tensor, t, x, stream=1)
         sin = b.op(aten.sin.default, t, stream=0)
-        return b.output(b.op(aten.add.Tensor, mul, sin, stream=0))
+        add = b.op(aten.add.Tensor, mul, sin, stream=0)
+        return b.output(add, mul) if mul_is_output else b.output(add)
     assert canonical(run(own_stream_inputs())) == canonical(run(own_stream_inputs(), upstream=True))
+    # freed off its stream: a sync_dealloc, which reads the record's getitem by default only
+    a, up = run(own_stream_inputs(False)), run(own_stream_inputs(False), upstream=True)
+    dealloc_inputs = [[n.args[2].args[0] for n in g.graph.nodes if n.target is streams.sync_dealloc.default] for g in (a, up)]
+    assert [len(d) for d in dealloc_inputs] == [1, 1]
+    assert [d[0].args[0][0].name if is_control_deps(d[0]) else None for d in dealloc_inputs] == ["add", "mul"]
 
 
 @pytest.mark.parametrize("upstream", [True, False])
@@ -104,6 +112,7 @@ def test_dce_removes_only_unused_getitems():
         b = GraphBuilder()
         x, t = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
         f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
+        b.sync(streams.record_event.default, 5, 1, tag="is_forward")   # a user's forward record: f passes through it
         mul = b.op(aten.mul.Tensor, t, x, stream=1)
         return b.output(f, b.op(aten.neg.default, mul, stream=0))
     kept, cleaned = run(make()), run(make(), dce=True)

@@ -1,34 +1,34 @@
 """Render README.md from nbs/index.ipynb without Quarto (nbdev_readme needs Quarto).
 
-Does what nbdev_readme does: nbdev's notebook processors drop `#| hide` cells and turn the title cell into
-front matter; nbconvert renders the rest as Markdown. Images in outputs are written next to README.md under
-README_files/. Deterministic: run it twice, get the same file."""
-from pathlib import Path
+What nbdev_readme does, in a few lines: cells marked `#| hide` are dropped, other `#|` directive lines are removed,
+and nbconvert renders the rest (with the saved outputs) as Markdown. Images in outputs go to README_files/.
+Deterministic: run it twice, get the same files. Execute the notebook first if its outputs are stale."""
 import shutil
+from pathlib import Path
 
 import nbformat
 from nbconvert import MarkdownExporter
-from nbdev.config import get_config
-from nbdev.serve import proc_nbs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main():
-    cfg = get_config()
-    root = cfg.config_path
-    proc_nbs(cfg.nbs_path, n_workers=0, files_glob="index.ipynb")
-    nb = nbformat.read(root / "_proc" / "index.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "nbs" / "index.ipynb", as_version=4)
+    cells = []
+    for c in nb.cells:
+        lines = c.source.splitlines()
+        directives = [ln.replace(" ", "") for ln in lines if ln.startswith("#|")]
+        if "#|hide" in directives: continue
+        c.source = "\n".join(ln for ln in lines if not ln.startswith("#|")).strip()
+        cells.append(c)
+    nb.cells = cells
     nb.metadata["language_info"] = {"name": "python"}
-    head = []
-    if nb.cells and nb.cells[0].cell_type == "raw":
-        fm = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in nb.cells.pop(0).source.splitlines() if ":" in ln)}
-        head = [f"# {fm.get('title', cfg.lib_name)}", "", f"> {fm['description']}" if "description" in fm else ""]
     body, res = MarkdownExporter().from_notebook_node(nb, resources={"output_files_dir": "README_files"})
-    out = root / "README_files"
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(ROOT / "README_files", ignore_errors=True)
     for name, data in sorted(res.get("outputs", {}).items()):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    (root / "README.md").write_text("\n".join(head) + "\n\n" + body.strip() + "\n", encoding="utf-8")
+        (ROOT / name).parent.mkdir(parents=True, exist_ok=True)
+        (ROOT / name).write_bytes(data)
+    (ROOT / "README.md").write_text(body.strip() + "\n", encoding="utf-8")
     print("README.md written")
 
 
