@@ -21,11 +21,13 @@ __all__ = ['EmptyGraphError', 'check_events_recorded', 'wrap_all_sync_nodes_with
 
 # %% ../nbs/05_control_deps.ipynb #74f82f7a
 def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Node], visited: set[Node], *,
-                    upstream: bool = False) -> tuple[Node, list[Node]]:
+                    upstream: bool = False, output: _DeferredOutput | None = None) -> tuple[Node, list[Node]]:
     "Replace `sync_node` with a `control_deps` node ordered after `deps_before_sync`; return it and its passthrough getitems."
     graph = gm.graph
-    # Only deps with a user after the sync need to be threaded through it.
-    deps_with_uses_after_sync = [dep for dep in deps_before_sync if any(u not in visited for u in dep.users)]
+    # Only deps with a user after the sync need to be threaded through it. (`output`: the output node's reads, held
+    # aside by the pass; it counts as a user as it would in the graph.)
+    deps_with_uses_after_sync = [dep for dep in deps_before_sync if any(u not in visited for u in dep.users)
+                                 or (output is not None and output.reads(dep, visited))]
     subgraph_module = _create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
     subgraph_attr_name = get_subgraph_name(gm, sync_node.name)
     setattr(gm, subgraph_attr_name, subgraph_module)
@@ -43,6 +45,8 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
             replacements[dep] = getitem_node
             visited.add(getitem_node)
     for dep, getitem_node in replacements.items():
+        # (the output node held aside: the same rewiring, written back at the end of the pass)
+        if output is not None and is_bwd_node(dep) and output.reads(dep, visited): output.replace(dep, getitem_node)
         for user in list(dep.users.keys()):
             if user is control_deps_node or user in visited: continue
             # A forward output stays a forward node: the partitioner must not see it come from the backward.
@@ -50,6 +54,7 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
             replace = lambda n, dep=dep, getitem_node=getitem_node: getitem_node if n is dep else n
             user.args = map_arg(user.args, replace)
             user.kwargs = map_arg(user.kwargs, replace)
+    if output is not None and output.reads(sync_node): output.replace(sync_node, control_deps_node)
     sync_node.replace_all_uses_with(control_deps_node)
     graph.erase_node(sync_node)
     return control_deps_node, list(replacements.values())
@@ -91,14 +96,21 @@ def _is_consumer(n: Node, waiting: int) -> bool:
     "A compute node that runs on stream `waiting`."
     return n.op == "call_function" and n.target not in SYNC_OPS and "val" in n.meta and _on(get_stream(n), waiting)
 
+def _read_across_later(v: Node, visited: set[Node]) -> bool:
+    "Has `v` a compute user after the walk's position on another stream than its own?"
+    return any(u not in visited and u.op == "call_function" and u.target not in SYNC_OPS and "val" in u.meta
+               and get_stream(u) != get_stream(v) for u in v.users)
+
 def _unordered_cross_stream_inputs(wait: Node, deps: list[Node], visited: set[Node], recorded_on: int,
                                    values: dict[int | None, list[Node]]) -> list[Node]:
     "Values from `recorded_on` read after `wait` on its stream by a node that nothing orders after the wait."
     waiting, ordered, extra = wait.args[1], set(deps), []
     keys = [recorded_on] + ([None] if get_registry().is_current_stream(recorded_on) else [])
     for key in keys:
-        # Drop values with no user left after the wait: they can never be candidates again.
-        values[key] = [v for v in values.get(key, []) if any(u not in visited for u in v.users)]
+        # Drop values that no later compute node on another stream reads: they can never be candidates again (a
+        # value never gains users after the walk has passed it, and `visited` only grows). Only the values still
+        # read across streams stay, so each wait looks at a few values, not at every value of the stream so far.
+        values[key] = [v for v in values.get(key, []) if _read_across_later(v, visited)]
         for v in values[key]:
             if v in ordered or (is_bwd_node(wait) and _is_forward_value(v)): continue
             if any(u not in visited and _is_consumer(u, waiting) and get_stream(u) != get_stream(v)
@@ -150,6 +162,37 @@ def _dealloc_tensors(deallocs: list[Node]) -> list[Node]:
     return [d.args[2] for d in deallocs if isinstance(d.args[2], Node)]
 
 # %% ../nbs/05_control_deps.ipynb #58f1bf95
+class _DeferredOutput:
+    "The output node's arguments, held aside while the wrap pass walks the graph and written back once at the end."
+    def __init__(self, graph: torch.fx.Graph):
+        self.node = next(iter(graph.find_nodes(op="output")), None)
+        self._reads = set() if self.node is None else set(self.node.all_input_nodes)   # what it reads now
+        self._moved: dict[Node, Node] = {}   # a node it read -> the node that replaced it
+        self._saved = None
+
+    def detach(self) -> None:
+        if self.node is None: return
+        self._saved = (self.node.args, self.node.kwargs)
+        self.node.args, self.node.kwargs = (), {}
+
+    def reads(self, n: Node, visited: set[Node] = frozenset()) -> bool:
+        "Does the output node read `n` (and has the walk not reached it yet)?"
+        return n in self._reads and self.node not in visited
+
+    def replace(self, old: Node, new: Node) -> None:
+        self._reads.discard(old); self._reads.add(new); self._moved[old] = new
+
+    def restore(self) -> None:
+        "Write the arguments back, each replaced by the node that now stands for it."
+        if self._saved is None: return
+        def current(n: Node) -> Node:
+            while n in self._moved: n = self._moved[n]
+            return n
+        args, kwargs = self._saved
+        self._saved = None
+        self.node.args, self.node.kwargs = map_arg(args, current), map_arg(kwargs, current)
+
+# %% ../nbs/05_control_deps.ipynb #368b4fc6
 _PASS = "wrap_all_sync_nodes_with_control_deps"
 
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False) -> None:
@@ -173,75 +216,84 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
     deallocs = {} if upstream else _deallocs_by_record(graph)
     forward_ctrls: set[Node] = set()
     found_sync = False
-    node = next(iter(graph.nodes))
-    while node.op != "root":
-        next_node = node.next
-        visited.add(node)
-        if node.op == "call_function":
-            if node.target in SYNC_OPS:
-                # The host blocks: a barrier across all streams.
-                if node.target in (streams.synchronize_device.default, streams.synchronize_stream.default):
-                    all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
-                    all_stream_deps = _sync_deps(node, all_stream_deps, upstream, forward_ctrls)
-                    if not upstream: all_stream_deps = list(dict.fromkeys(all_stream_deps))
-                    ctrl_node = None
-                    if all_stream_deps:
+    output = _DeferredOutput(graph)   # the output node's arguments, rewired once at the end (see above)
+    output.detach()
+    try:
+        node = next(iter(graph.nodes))
+        while node.op != "root":
+            next_node = node.next
+            visited.add(node)
+            if node.op == "call_function":
+                if node.target in SYNC_OPS:
+                    # The host blocks: a barrier across all streams.
+                    if node.target in (streams.synchronize_device.default, streams.synchronize_stream.default):
+                        all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
+                        all_stream_deps = _sync_deps(node, all_stream_deps, upstream, forward_ctrls)
+                        if not upstream: all_stream_deps = list(dict.fromkeys(all_stream_deps))
+                        ctrl_node = None
+                        if all_stream_deps:
+                            found_sync = True
+                            ctrl_node, passthrough = _wrap_sync_node(gm, node, all_stream_deps, visited,
+                                                                     upstream=upstream, output=output)
+                            _track(values, passthrough)
+                            if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
+                        _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
+                        node = next_node
+                        continue
+                    event_index = node.args[0]
+                    if node.target is streams.synchronize_event.default:
+                        sync_stream = event_to_stream.get(event_index)
+                        all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
+                        if event_index not in event_to_stream:   # recorded outside: order after the graph's inputs
+                            placeholders = graph.find_nodes(op="placeholder")   # in graph order, no walk
+                            deps_before_sync = [*placeholders, *all_stream_deps]
+                        else:
+                            deps_before_sync = all_stream_deps
+                    else:
+                        sync_stream = node.args[1]
+                        deps_before_sync = list(_chained(stream_to_nodes.get(sync_stream, [])))
+                        # Unannotated nodes run on the current stream: count them for any stream a sync names.
+                        if None in stream_to_nodes and sync_stream is not None:
+                            deps_before_sync.extend(_chained(stream_to_nodes[None]))
+                    # A wait or synchronize must not move above its record.
+                    if (node.target in (streams.wait_event.default, streams.synchronize_event.default)
+                            and event_index in event_to_ctrl):
+                        deps_before_sync = [event_to_ctrl[event_index], *deps_before_sync]
+                    if node.target is streams.synchronize_event.default and event_index in event_to_passthrough:
+                        deps_before_sync = [*deps_before_sync, *event_to_passthrough[event_index]]
+                    if not upstream and node.target is streams.record_event.default:   # correction 9
+                        deps_before_sync += [t for t in _dealloc_tensors(deallocs.get(node, ()))
+                                             if t not in deps_before_sync]
+                    deps_before_sync = _sync_deps(node, deps_before_sync, upstream, forward_ctrls)   # correction 7
+                    if not upstream:   # a chained ctrl may come twice
+                        deps_before_sync = list(dict.fromkeys(deps_before_sync))
+                    # Default only (correction 6): consumers after a wait read their cross-stream inputs through it.
+                    if not upstream and node.target is streams.wait_event.default:
+                        deps_before_sync += _unordered_cross_stream_inputs(
+                            node, deps_before_sync, visited, event_to_stream[event_index], values)
+                    if deps_before_sync:
                         found_sync = True
-                        ctrl_node, passthrough = _wrap_sync_node(gm, node, all_stream_deps, visited, upstream=upstream)
+                        ctrl_node, passthrough = _wrap_sync_node(gm, node, deps_before_sync, visited,
+                                                                 upstream=upstream, output=output)
                         _track(values, passthrough)
                         if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
-                    _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
-                    node = next_node
-                    continue
-                event_index = node.args[0]
-                if node.target is streams.synchronize_event.default:
-                    sync_stream = event_to_stream.get(event_index)
-                    all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
-                    if event_index not in event_to_stream:   # recorded outside: order after the graph's inputs
-                        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-                        deps_before_sync = [*placeholders, *all_stream_deps]
+                    else:   # nothing to order after: the sync stays bare
+                        ctrl_node, passthrough = None, []
+                    if node.target is streams.record_event.default:
+                        event_to_stream[event_index] = sync_stream
+                        if ctrl_node is not None: event_to_ctrl[event_index] = ctrl_node
+                        event_to_passthrough[event_index] = passthrough
+                    # Later nodes accumulate afresh: earlier ones are ordered through the getitems (and, by default,
+                    # through the ctrl, which starts the stream's new list: correction 8).
+                    if node.target is streams.synchronize_event.default:
+                        _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
                     else:
-                        deps_before_sync = all_stream_deps
-                else:
-                    sync_stream = node.args[1]
-                    deps_before_sync = list(_chained(stream_to_nodes.get(sync_stream, [])))
-                    # Unannotated nodes run on the current stream: count them for any stream a sync names.
-                    if None in stream_to_nodes and sync_stream is not None:
-                        deps_before_sync.extend(_chained(stream_to_nodes[None]))
-                # A wait or synchronize must not move above its record.
-                if (node.target in (streams.wait_event.default, streams.synchronize_event.default)
-                        and event_index in event_to_ctrl):
-                    deps_before_sync = [event_to_ctrl[event_index], *deps_before_sync]
-                if node.target is streams.synchronize_event.default and event_index in event_to_passthrough:
-                    deps_before_sync = [*deps_before_sync, *event_to_passthrough[event_index]]
-                if not upstream and node.target is streams.record_event.default:   # correction 9
-                    deps_before_sync += [t for t in _dealloc_tensors(deallocs.get(node, ())) if t not in deps_before_sync]
-                deps_before_sync = _sync_deps(node, deps_before_sync, upstream, forward_ctrls)   # correction 7
-                if not upstream: deps_before_sync = list(dict.fromkeys(deps_before_sync))   # a chained ctrl may come twice
-                # Default only (correction 6): consumers after a wait read their cross-stream inputs through it.
-                if not upstream and node.target is streams.wait_event.default:
-                    deps_before_sync += _unordered_cross_stream_inputs(
-                        node, deps_before_sync, visited, event_to_stream[event_index], values)
-                if deps_before_sync:
-                    found_sync = True
-                    ctrl_node, passthrough = _wrap_sync_node(gm, node, deps_before_sync, visited, upstream=upstream)
-                    _track(values, passthrough)
-                    if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
-                else:   # nothing to order after: the sync stays bare
-                    ctrl_node, passthrough = None, []
-                if node.target is streams.record_event.default:
-                    event_to_stream[event_index] = sync_stream
-                    if ctrl_node is not None: event_to_ctrl[event_index] = ctrl_node
-                    event_to_passthrough[event_index] = passthrough
-                # Later nodes accumulate afresh: earlier ones are ordered through the getitems (and, by default,
-                # through the ctrl, which starts the stream's new list: correction 8).
-                if node.target is streams.synchronize_event.default:
-                    _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
-                else:
-                    stream_to_nodes[sync_stream] = [] if upstream or ctrl_node is None else [ctrl_node]
-                    if None in stream_to_nodes: stream_to_nodes[None] = []
-            elif "val" in node.meta:
-                stream_to_nodes.setdefault(get_stream(node), []).append(node)
-                _track(values, [node])
-        node = next_node
+                        stream_to_nodes[sync_stream] = [] if upstream or ctrl_node is None else [ctrl_node]
+                        if None in stream_to_nodes: stream_to_nodes[None] = []
+                elif "val" in node.meta:
+                    stream_to_nodes.setdefault(get_stream(node), []).append(node)
+                    _track(values, [node])
+            node = next_node
+    finally:
+        output.restore()
     if found_sync: gm.recompile()

@@ -5,6 +5,8 @@
 # %% ../nbs/04_dealloc.ipynb #e93636fc
 from __future__ import annotations
 
+import bisect
+
 import torch
 from torch.fx import Graph, GraphModule, Node
 
@@ -20,12 +22,25 @@ MECHANISMS = ("sync_dealloc", "record_stream")
 __all__ = ['streams', 'MECHANISMS', 'populate_stream_timeline', 'handle_synced_deallocation', 'sync_deallocations']
 
 # %% ../nbs/04_dealloc.ipynb #cdf537f9
+class _Timeline(IndexedDict):
+    "An `IndexedDict` node -> finish time that also keeps its nodes and times in lists, for `_find_alloc_ptr`."
+    def __init__(self):
+        super().__init__()
+        self.nodes: list[Node] = []; self.times: list[float] = []; self.pos: dict[Node, int] = {}
+        self.sorted = True   # times never decrease (estimates are >= 0); checked, not assumed
+    def __setitem__(self, node, t):
+        if node in self: self.times[self.pos[node]] = t; self.sorted = False   # (populate never overwrites)
+        else:
+            self.sorted = self.sorted and (not self.times or t >= self.times[-1])
+            self.pos[node] = len(self.nodes); self.nodes.append(node); self.times.append(t)
+        super().__setitem__(node, t)
+
 def populate_stream_timeline(stream_to_timeline: dict[int | None, IndexedDict[Node, float]], graph: Graph,
                              stream_index: int | None, *, upstream: bool = False,
                              device: str | DeviceSpec = "H100") -> IndexedDict[Node, float]:
     "The estimated finish time (ms) of each backward node on `stream_index`, built once and cached."
     if stream_index not in stream_to_timeline:
-        stream_to_timeline[stream_index] = IndexedDict()
+        stream_to_timeline[stream_index] = _Timeline()
         total_time = 0.0
         for node in graph.nodes:
             if (node.op == "call_function" and is_bwd_node(node) and get_stream(node) == stream_index
@@ -45,8 +60,15 @@ def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
         return graph.call_function(streams.record_stream.default, (node, stream_ind), {})
 
 def _find_alloc_ptr(allocating_stream_trace: IndexedDict, node: Node, target_side_stream_time: float) -> Node:
-    "Linear search from `node` to the first node of the allocating stream that finishes at or after the target time."
-    alloc_ptr = node
+    "The first node of the allocating stream, from `node` on, that finishes at or after the target time (else its last)."
+    trace = allocating_stream_trace
+    if isinstance(trace, _Timeline) and trace.sorted:
+        # The seed walks the timeline node by node; the walk grows with the graph (the streams' clocks drift apart), so
+        # over all tensors it is quadratic. Times never decrease, so "finishes at or after" is False...False True...True
+        # along the timeline and a binary search finds the same node. (Key on the test itself: a NaN target stays False.)
+        i = bisect.bisect_left(trace.times, True, lo=trace.pos[node], key=lambda t: t >= target_side_stream_time)
+        return trace.nodes[min(i, len(trace.nodes) - 1)]
+    alloc_ptr = node   # any other IndexedDict: the seed's walk
     while alloc_ptr is not None:
         if allocating_stream_trace[alloc_ptr] >= target_side_stream_time: break
         next_ptr = allocating_stream_trace.next_key(alloc_ptr)

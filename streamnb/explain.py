@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -129,7 +130,8 @@ class Explanation:
         lines.insert(1, "  ".join("-" * x for x in w))
         notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
                  f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
-        return "\n".join(lines + [""] + notes + self.capture.notes).rstrip()
+        wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
+        return "\n".join(lines + [""] + wrapped).rstrip()
 
     def plot_timelines(self):
         "The backward's estimated timeline before the passes, after the seed's, after streamnb's."
