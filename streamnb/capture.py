@@ -20,7 +20,8 @@ from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import (StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream,
-                            is_bwd_node, is_control_deps, STREAM_OPS, describe)
+                            is_bwd_node, is_control_deps, describe)
+from .streamops import OPS, decode
 
 # %% auto #0
 __all__ = ['TORCH_STREAM_PASSES', 'PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError',
@@ -177,7 +178,7 @@ class RunResult(tuple):
 class CPUInterpreter(torch.fx.Interpreter):
     "Runs a processed graph on the CPU: stream ops only order work, so on one CPU stream they do nothing."
     def call_function(self, target, args, kwargs):
-        if target in STREAM_OPS: return None        # record/wait/synchronize, sync_dealloc, record_stream
+        if target in OPS: return None               # every row of the stream-ops table: a no-op on one CPU stream
         if getattr(target, "name", None) and isinstance(target, torch._ops.HigherOrderOperator) \
                 and target.name() == "control_deps":
             deps, sub, *rest = args                  # deps are done already (we run in graph order)

@@ -21,7 +21,8 @@ aten = torch.ops.aten
 
 from .graph import (GraphBuilder, StreamnbError, UnknownEventError, StreamRegistry, get_registry, get_stream,
                             is_control_deps, streams, use_registry)
-from .simulate import Timeline, current_stream_key, physical_stream
+from .simulate import Timeline
+from .streamops import OPS, current_stream_key, physical_stream
 
 # %% auto #0
 __all__ = ['aten', 'FakeBackend', 'CudaBackend', 'StreamInterpreter', 'default_backend', 'run', 'measure', 'TimelineComparison',
@@ -139,12 +140,7 @@ class StreamInterpreter(torch.fx.Interpreter):
         arg = n.args[0]
         self.backend.record_stream(tensor, self.stream(stream), arg.name if isinstance(arg, Node) else str(arg))
 
-    HANDLERS = {streams.record_event.default: "_record_event", streams.wait_event.default: "_wait_event",
-                streams.synchronize_event.default: "_synchronize_event",
-                streams.synchronize_stream.default: "_synchronize_stream",
-                streams.synchronize_device.default: "_synchronize_device",
-                streams.wait_stream.default: "_wait_stream", streams.sync_dealloc.default: "_sync_dealloc",
-                streams.record_stream.default: "_record_stream"}
+    HANDLERS = {op: "_" + spec.kind for op, spec in OPS.items()}   # a row of streamops.OPS -> the method `_<kind>`
 
     def _control_deps(self, n, deps, subgraph, *passthrough):
         "Run the held sync with this run's streams and events; the subgraph returns `(result, *passthrough)`."

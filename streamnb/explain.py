@@ -16,7 +16,8 @@ import torch.nn as nn
 from torch.fx import GraphModule
 
 from .capture import Capture, PartitionError, capture
-from .graph import STREAM_OPS, StreamRegistry, sync_target, use_registry
+from .graph import StreamRegistry, use_registry
+from .streamops import decode
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize
@@ -72,7 +73,7 @@ class ModeResult:
 
 def count_syncs(gm: GraphModule) -> int:
     "How many nodes of `gm` are stream ops, wrapped in control_deps or bare."
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and sync_target(n, gm) in STREAM_OPS)
+    return sum(1 for n in gm.graph.nodes if decode(n, gm) is not None)
 
 # %% ../nbs/13_explain.ipynb #6bf57384
 def _matches_eager(cap: Capture, inputs) -> bool:

@@ -12,18 +12,15 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamRegistry, get_registry, get_stream, is_control_deps, streams
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
+from .streamops import StreamOp, VectorClocks, decode, physical_stream
+from .simulate import simulate
 
 # %% auto #0
-__all__ = ['HOST', 'MARK', 'stream_key', 'stream_op', 'is_view', 'Block', 'Access', 'VectorClocks', 'DataOrder', 'SanitizerError',
-           'Report', 'is_kernel', 'on_kernel', 'on_sync', 'on_free', 'sanitize']
+__all__ = ['HOST', 'MARK', 'is_view', 'Block', 'Access', 'DataOrder', 'SanitizerError', 'Report', 'is_kernel', 'on_kernel',
+           'on_sync', 'on_free', 'sanitize']
 
 # %% ../nbs/10_sanitizer.ipynb #f82b5c7e
-def stream_key(ind: int | None, registry: StreamRegistry) -> int | None:
-    """The stream an index stands for. Unannotated nodes (`None`) and the registry's current-stream indices are all the
-    current stream: its pinned index if the registry has one, else `None`."""
-    return registry.pinned_current if registry.is_current_stream(ind) else ind
-
 def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
 
 def _tgt(n: Node) -> str:
@@ -34,17 +31,6 @@ def _short(n: Node) -> str:
     "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`."
     args = ", ".join(a.name if isinstance(a, Node) else repr(a) for a in n.args)
     return f"{n.name} = {_tgt(n)}({args})"
-
-# %% ../nbs/10_sanitizer.ipynb #9cf2677d
-def stream_op(n: Node, gm: GraphModule | None = None) -> tuple | None:
-    "The `torch.ops.streams` op a node performs and its arguments, or None. A `control_deps` node performs the op it wraps."
-    if is_control_deps(n):
-        sub = getattr(gm if gm is not None else n.graph.owning_module, n.args[1].target)
-        inner = next(m for m in sub.graph.nodes if m.op == "call_function")
-        return inner.target, inner.args
-    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams":
-        return n.target, n.args
-    return None
 
 # %% ../nbs/10_sanitizer.ipynb #b2932be2
 def _is_tensor_like(v) -> bool:
@@ -123,7 +109,7 @@ def _storages(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
         if is_control_deps(n):   # (sync result, *passthrough): the passthroughs are the same tensors
             store[n] = (None, *(store.get(a) if isinstance(a, Node) else None for a in n.args[2:]))
             continue
-        if stream_op(n) is not None: continue
+        if decode(n) is not None: continue
         if (base := _alias_of_output(n)) is not None:
             if base in store and not isinstance(store[base], tuple):
                 v = n.meta.get("val")
@@ -138,44 +124,6 @@ def _storages(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
     for n, t in store.items():
         if isinstance(t, Block): uses.setdefault(t, set()).update(n.users)
     return store, uses
-
-# %% ../nbs/10_sanitizer.ipynb #c28d3715
-class VectorClocks:
-    "CSAN's model: per stream a vector clock (stream -> the last kernel number of that stream known complete), events, a host clock."
-    def __init__(self):
-        self.clocks: dict = {}   # stream -> {stream: seq}
-        self.host: dict = {}     # what the host has waited for: every later launch, on any stream, comes after it
-        self.events: dict = {}   # event -> the clock its last record_event snapshotted
-        self.seq = 0
-    def clock(self, s) -> dict:
-        if s not in self.clocks: self.clocks[s] = dict(self.host)
-        return self.clocks[s]
-    @staticmethod
-    def join(into: dict, other: dict):
-        for k, v in other.items():
-            if v > into.get(k, 0): into[k] = v
-    def launch(self, s) -> int:
-        "A kernel on stream `s`: the next number in program order."
-        self.seq += 1
-        self.clock(s)[s] = self.seq
-        return self.seq
-    def ordered(self, acc: Access, s) -> bool:
-        "True if `acc` is known complete before the next kernel of stream `s` starts."
-        return acc.seq <= self.clock(s).get(acc.stream, 0)
-    def record(self, e, s): self.events[e] = dict(self.clock(s))
-    def wait(self, e, s) -> bool:
-        if e not in self.events: return False
-        self.join(self.clock(s), self.events[e]); return True
-    def wait_stream(self, waiting, waited_on): self.join(self.clock(waiting), self.clock(waited_on))
-    def host_join(self, c: dict):
-        self.join(self.host, c)
-        for clk in self.clocks.values(): self.join(clk, self.host)
-    def sync_event(self, e) -> bool:
-        if e not in self.events: return False
-        self.host_join(self.events[e]); return True
-    def sync_stream(self, s): self.host_join(dict(self.clock(s)))
-    def sync_device(self):
-        for clk in list(self.clocks.values()): self.host_join(dict(clk))
 
 # %% ../nbs/10_sanitizer.ipynb #019e79c0
 HOST, MARK = "host", "mark"
@@ -211,6 +159,12 @@ class SanitizerError:
     message: str                  # the printout
     tensor: str | None = None     # the node that allocated the tensor's memory
     severity: str = "error"       # "error" or "warning"
+    start: float | None = None    # a stall: when its stream reached the sync (the estimate's unit) ...
+    end: float | None = None      # ... and when the event it waits for was done
+    @property
+    def idle(self) -> float | None:
+        "How long a stall holds its stream (None for other findings)."
+        return None if self.start is None else self.end - self.start
     def __str__(self): return self.message
 
 @dataclass
@@ -251,8 +205,8 @@ def _reuse_msg(t: Block, freed_after: Node, acc: Access) -> str:
             f"{_sname(t.stream)} before the free (sync_dealloc), or call record_stream.")
 
 def _sync_name(n: Node) -> str:
-    op = stream_op(n)
-    return f"{n.name} ({getattr(op[0], '_opname', op[0])}{tuple(a for a in op[1] if not isinstance(a, Node))})" if op else n.name
+    op = decode(n)
+    return f"{n.name} ({op.kind}{tuple(a for a in op.args if not isinstance(a, Node))})" if op else n.name
 
 def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> str:
     """Why the data edges do not order `prev` before stream `s`'s work at the `later` nodes: the sync pair program order
@@ -260,7 +214,7 @@ def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> str:
     do, pos = san.do, san.pos
     end = max(pos[n] for n in later)
     # the mechanism meant for the job first: sync_dealloc for a free, wait_event for a kernel
-    cands = sorted(reversed(san.waits), key=lambda w: (stream_op(w[0])[0] is streams.sync_dealloc.default) != free)
+    cands = sorted(reversed(san.waits), key=lambda w: (decode(w[0]).kind == "sync_dealloc") != free)
     for w, ws, r in cands:
         if pos[w] > end or ws != s or r is None or san.recorded_on.get(r) != prev.stream or pos[r] < pos[prev.node]: continue
         if not do.snap[r] & do.bit[prev.node]:
@@ -288,7 +242,7 @@ class _Sanitizer:
     "One walk over the graph in program order; the state of both models and the report."
     def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry):
         self.gm, self.registry = gm, registry
-        self.key = lambda n: stream_key(get_stream(n), registry)
+        self.key = lambda n: physical_stream(get_stream(n), registry)
         self.store, self.uses = _storages(gm, self.key)
         self.nodes = list(gm.graph.nodes)
         pos = {n: i for i, n in enumerate(self.nodes)}
@@ -304,17 +258,17 @@ class _Sanitizer:
         self.pos = pos
         self.report, self._seen = Report(), set()
 
-    def flag(self, kind, t, nodes, streams_, msg, severity="error"):
+    def flag(self, kind, t, nodes, streams_, msg, severity="error", **nums):
         k = (kind, t.name if t is not None else None, tuple(n.name for n in nodes))
         if k in self._seen: return
         self._seen.add(k)
         self.report.add(SanitizerError(kind, tuple(n.name for n in nodes), tuple(streams_), msg,
-                                       t.name if t is not None else None, severity))
+                                       t.name if t is not None else None, severity, **nums))
 
     def run(self) -> Report:
         for n in self.nodes:
             st = self.do.pre(n) if self.do else None
-            op = stream_op(n, self.gm)
+            op = decode(n, self.gm)
             if op is not None: on_sync(self, n, op, st)
             elif is_kernel(n): on_kernel(self, n, st)
             if self.do: self.do.after[n] = st
@@ -325,7 +279,7 @@ class _Sanitizer:
 def is_kernel(n: Node) -> bool:
     "A node that runs on the device and touches memory: not a stream op, not a getitem, not a view, not control_deps."
     return (n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n)
-            and stream_op(n) is None and not is_view(n))
+            and decode(n) is None and not is_view(n))
 
 def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
     "CSAN's rule: a read conflicts with the last unordered write; a write with the unordered reads since it and with it."
@@ -362,49 +316,48 @@ def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
              f"streamnb: {n.name} waits on event {e}, which no record_event before it records.\n"
              f"CUDA treats an event that was never recorded as complete, so the wait orders nothing.")
 
-def on_sync(san: _Sanitizer, n: Node, op: tuple, st: dict | None) -> None:
+def on_sync(san: _Sanitizer, n: Node, op: StreamOp, st: dict | None) -> None:
     "Stream ops move the clocks: record snapshots, wait joins, host syncs join everything; sync_dealloc and record_stream also hold memory."
-    target, args = op
-    key = lambda i: stream_key(i, san.registry)
-    vc, do = san.vc, san.do
+    key = lambda i: physical_stream(i, san.registry)
+    vc, do, k = san.vc, san.do, op.kind
     if do is not None: do.mark(n, st)
     def data_wait(e, s):   # the data-edge model: only a wait that depends on its record applies the record's snapshot
         r = san.records.get(e)
         if do is not None and r is not None and do.is_ancestor(r, st): st[s] = st.get(s, 0) | do.snap[r]
     def data_host(bits):
         if do is not None: st[HOST] = st.get(HOST, 0) | bits
-    if target is streams.record_event.default:
-        e, s = args[0], key(args[1])
+    if k == "record_event":
+        e, s = op.event, key(op.stream)
         vc.record(e, s)
         if do is not None: do.snap[n] = do.get(st, s)
         san.records[e] = n; san.recorded_on[n] = s
-    elif target in (streams.wait_event.default, streams.sync_dealloc.default):
-        e, s = args[0], key(args[1])
+    elif k in ("wait_event", "sync_dealloc"):
+        e, s = op.event, key(op.stream)
         if not vc.wait(e, s): _no_record(san, n, e, s)
         san.waits.append((n, s, san.records.get(e)))
         data_wait(e, s)
-        if target is streams.sync_dealloc.default and isinstance(t := san.store.get(args[2]), Block):
-            t.sync_deallocs.append(n)
-    elif target is streams.record_stream.default:
-        if isinstance(t := san.store.get(args[0]), Block): t.record_streams.add(key(args[1]))
-    elif target is streams.wait_stream.default:
-        a, b = key(args[0]), key(args[1])
+        if k == "sync_dealloc" and isinstance(t := san.store.get(op.tensor), Block): t.sync_deallocs.append(n)
+    elif k == "record_stream":
+        if isinstance(t := san.store.get(op.tensor), Block): t.record_streams.add(key(op.stream))
+    elif k == "wait_stream":
+        a, b = key(op.streams[0]), key(op.streams[1])
         vc.wait_stream(a, b)
         if do is not None: st[a] = st.get(a, 0) | do.get(st, b)
-    elif target is streams.synchronize_event.default:
-        e = args[0]
+    elif k == "synchronize_event":
+        e = op.event
         if not vc.sync_event(e): _no_record(san, n, e, HOST)
         r = san.records.get(e)
         if do is not None and r is not None and do.is_ancestor(r, st): data_host(do.snap[r])
-    elif target is streams.synchronize_stream.default:
-        vc.sync_stream(key(args[0]))
-        if do is not None: data_host(do.get(st, key(args[0])))
-    elif target is streams.synchronize_device.default:
+    elif k == "synchronize_stream":
+        vc.sync_stream(key(op.stream))
+        if do is not None: data_host(do.get(st, key(op.stream)))
+    elif k == "synchronize_device":
         vc.sync_device()
         if do is not None:
             bits = 0
             for v in st.values(): bits |= v
             data_host(bits)
+    else: raise StreamnbError(f"node {n.name}: the sanitizer does not know stream op {k}")
 
 # %% ../nbs/10_sanitizer.ipynb #5b4de9e2
 def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
@@ -441,29 +394,16 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
 
 # %% ../nbs/10_sanitizer.ipynb #2ee3a316
 def _stalls(san: _Sanitizer, estimate: Callable[[Node], float], tol: float = 1e-12) -> None:
-    """Estimated timeline (per stream back to back, waits respected): a sync_dealloc exists only to hold memory, so if its
-    event is not done when its stream gets there, the stream idles for nothing but the free: a `stall` warning."""
-    key = lambda i: stream_key(i, san.registry)
-    ready: dict = {}; events: dict = {}; host = 0.0
-    at = lambda s: max(ready.get(s, 0.0), host)
-    for n in san.nodes:
-        op = stream_op(n, san.gm)
-        if op is None:
-            if is_kernel(n): s = san.key(n); ready[s] = at(s) + float(estimate(n))
-            continue
-        target, args = op
-        if target is streams.record_event.default: events[args[0]] = at(key(args[1]))
-        elif target in (streams.wait_event.default, streams.sync_dealloc.default):
-            s, done = key(args[1]), events.get(args[0], 0.0)
-            if target is streams.sync_dealloc.default and done > at(s) + tol:
-                t = san.store.get(args[2])
-                san.flag("stall", t if isinstance(t, Block) else None, (n,), (s,),
-                         f"streamnb warning: {n.name} makes {_sname(s)} idle for an estimated {done - at(s):.3g} "
-                         f"(from {at(s):.3g} to {done:.3g}) only to free {getattr(t, 'name', '?')}: the side stream is not "
-                         f"done yet. Moving the sync_dealloc later on {_sname(s)} frees the memory without the stall.",
-                         severity="warning")
-            ready[s] = max(at(s), done)
-        elif target is streams.wait_stream.default: ready[key(args[0])] = max(at(key(args[0])), at(key(args[1])))
-        elif target is streams.synchronize_event.default: host = max(host, events.get(args[0], 0.0))
-        elif target is streams.synchronize_stream.default: host = max(host, at(key(args[0])))
-        elif target is streams.synchronize_device.default: host = max([host, *ready.values()])
+    """The simulator's timeline with `estimate` as the cost: a sync_dealloc exists only to hold memory, so if its event is
+    not done when its stream gets there, the stream idles for nothing but the free: a `stall` warning."""
+    tl = simulate(san.gm, cost=estimate, registry=san.registry)
+    by_name = {n.name: n for n in san.nodes}
+    for w in tl.waits:
+        if w.op != "sync_dealloc" or w.duration <= tol: continue
+        n = by_name[w.node]; op = decode(n, san.gm)
+        s, t = physical_stream(op.stream, san.registry), san.store.get(op.tensor)
+        san.flag("stall", t if isinstance(t, Block) else None, (n,), (s,),
+                 f"streamnb warning: {n.name} makes {_sname(s)} idle for an estimated {w.duration:.3g} "
+                 f"(from {w.start:.3g} to {w.end:.3g}) only to free {getattr(t, 'name', '?')}: the side stream is not "
+                 f"done yet. Moving the sync_dealloc later on {_sname(s)} frees the memory without the stall.",
+                 severity="warning", start=w.start, end=w.end)

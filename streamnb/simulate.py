@@ -15,15 +15,15 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import (StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps,
-                            is_stream_op, streams)
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
+from .streamops import OPS, StreamOp, current_stream_key, decode, physical_stream
 from .cost import get_roofline_estimate
 
 # %% auto #0
-__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'Timeline', 'current_stream_key',
-           'physical_stream', 'is_alias', 'alias_base', 'value_bytes', 'sync_call', 'SimState', 'launch',
-           'record_event', 'wait_event', 'wait_stream', 'synchronize_event', 'synchronize_stream', 'synchronize_device',
-           'alloc', 'free', 'record_stream', 'memory_curve', 'cost_function', 'last_uses', 'simulate']
+__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'Timeline', 'is_alias', 'alias_base',
+           'value_bytes', 'SimState', 'launch', 'record_event', 'wait_event', 'wait_stream', 'synchronize_event',
+           'synchronize_stream', 'synchronize_device', 'alloc', 'free', 'record_stream', 'memory_curve',
+           'cost_function', 'last_uses', 'simulate']
 
 # %% ../nbs/08_simulate.ipynb #a2c36e43
 @dataclass
@@ -116,16 +116,6 @@ class Timeline:
                 f"peak_memory={self.peak_memory}, waits={sum(w.duration > 0 for w in self.waits)}, "
                 f"unordered_reads={len(self.unordered_reads)}, unsafe_frees={len(self.unsafe_frees)})")
 
-# %% ../nbs/08_simulate.ipynb #6b06fb35
-def current_stream_key(registry: StreamRegistry) -> int:
-    "The index the simulator uses for the physical current stream."
-    if registry.pinned_current is not None: return registry.pinned_current
-    return min(registry.current_streams) if registry.current_streams else 0
-
-def physical_stream(ind: int | None, registry: StreamRegistry) -> int:
-    "The physical stream behind a stream index (None and current-stream indices are the current stream)."
-    return current_stream_key(registry) if registry.is_current_stream(ind) else ind
-
 # %% ../nbs/08_simulate.ipynb #2df28f01
 def is_alias(node: Node) -> bool:
     "True for nodes that share their input's memory: getitem and view ops (they take no time either)."
@@ -142,7 +132,7 @@ def alias_base(node: Node, base: dict[Node, Node | None]) -> Node | None:
             return base.get(src.args[1 + i]) if i > 0 else None
         return base.get(src)
     if is_alias(node): return base.get(node.args[0])
-    if is_stream_op(node) or is_control_deps(node): return None
+    if node.target in OPS or is_control_deps(node): return None
     return node
 
 def value_bytes(node: Node) -> int:
@@ -151,13 +141,22 @@ def value_bytes(node: Node) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 # %% ../nbs/08_simulate.ipynb #5a65f5cb
-def sync_call(node: Node, gm: GraphModule | None = None) -> tuple[Any, tuple]:
-    "The stream op a node performs and its arguments (for a control_deps node: the call in its subgraph)."
-    if is_control_deps(node):
-        mod = getattr(gm if gm is not None else node.graph.owning_module, node.args[1].target)
-        inner = next(n for n in mod.graph.nodes if n.op == "call_function")
-        return inner.target, inner.args
-    return node.target, node.args
+_ON_SYNC: dict[str, Callable] = {   # (state, decoded op, physical stream of an index, memory bases) -> None
+    "record_event": lambda st, op, ph, base: record_event(st, op.node.name, op.event, ph(op.stream)),
+    "wait_event": lambda st, op, ph, base: wait_event(st, op.node.name, op.event, ph(op.stream)),
+    "sync_dealloc": lambda st, op, ph, base: wait_event(st, op.node.name, op.event, ph(op.stream), op="sync_dealloc",
+                                                        tensor=getattr(base.get(op.tensor), "name", None)),
+    "record_stream": lambda st, op, ph, base: record_stream(st, op.node.name, base.get(op.tensor), ph(op.stream)),
+    "wait_stream": lambda st, op, ph, base: wait_stream(st, op.node.name, ph(op.streams[0]), ph(op.streams[1])),
+    "synchronize_event": lambda st, op, ph, base: synchronize_event(st, op.node.name, op.event),
+    "synchronize_stream": lambda st, op, ph, base: synchronize_stream(st, op.node.name, ph(op.stream)),
+    "synchronize_device": lambda st, op, ph, base: synchronize_device(st, op.node.name),
+}
+
+def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
+    "Apply one decoded stream op to the simulation state."
+    if op.kind not in _ON_SYNC: raise StreamnbError(f"node {op.node.name}: the simulator does not know {op.kind}")
+    _ON_SYNC[op.kind](st, op, ph, base)
 
 # %% ../nbs/08_simulate.ipynb #c1888cf7
 def _join(into: dict, other: dict) -> None:
@@ -314,15 +313,6 @@ def cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, de
     return checked
 
 # %% ../nbs/08_simulate.ipynb #53be9128
-_DISPATCH = {
-    streams.record_event.default: lambda st, nm, a, b: record_event(st, nm, a[0], b(a[1])),
-    streams.wait_event.default: lambda st, nm, a, b: wait_event(st, nm, a[0], b(a[1])),
-    streams.synchronize_event.default: lambda st, nm, a, b: synchronize_event(st, nm, a[0]),
-    streams.synchronize_stream.default: lambda st, nm, a, b: synchronize_stream(st, nm, b(a[0])),
-    streams.synchronize_device.default: lambda st, nm, a, b: synchronize_device(st, nm),
-    streams.wait_stream.default: lambda st, nm, a, b: wait_stream(st, nm, b(a[0]), b(a[1])),
-}
-
 def last_uses(nodes: list[Node], base: dict[Node, Node | None]) -> dict[Node, int | None]:
     "For each memory base, the position of its last use in graph order (None: a graph output, never freed)."
     pos = {n: i for i, n in enumerate(nodes)}
@@ -355,17 +345,8 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     for i, n in enumerate(nodes):
         if n.op == "placeholder":
             alloc(st, n, None, 0.0)          # the caller's memory: resident from t=0, never freed
-        elif n.op == "call_function" and (is_stream_op(n) or is_control_deps(n)):
-            target, args = sync_call(n, gm)
-            if target is streams.sync_dealloc.default:
-                wait_event(st, n.name, args[0], phys(args[1]), op="sync_dealloc",
-                           tensor=getattr(base.get(args[2]), "name", None))
-            elif target is streams.record_stream.default:
-                record_stream(st, n.name, base.get(args[0]), phys(args[1]))
-            elif target in _DISPATCH:
-                _DISPATCH[target](st, n.name, args, phys)
-            else:
-                raise StreamnbError(f"node {n.name}: unknown stream op {target}")
+        elif (op := decode(n, gm)) is not None:
+            _on_sync(st, op, phys, base)
         elif n.op in ("call_function", "call_method", "call_module") and not is_alias(n):
             s = phys(get_stream(n))
             inputs = list(dict.fromkeys(b for a in n.all_input_nodes if (b := base.get(a)) is not None))

@@ -8,7 +8,8 @@ import torch
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
 from streamnb.graph import GraphBuilder, StreamRegistry, aten, streams
-from streamnb.sanitizer import sanitize, stream_op
+from streamnb.sanitizer import sanitize
+from streamnb.streamops import decode
 
 REC, WAIT, DEALLOC = streams.record_event.default, streams.wait_event.default, streams.sync_dealloc.default
 
@@ -175,7 +176,7 @@ def wrap(gm, sync, deps, through):
 
 def wrapped_pair(consumer_from_wait=True, record_dep=True):
     gm = producer_consumer()
-    rec, wait = [n for n in gm.graph.nodes if stream_op(n) is not None]
+    rec, wait = [n for n in gm.graph.nodes if decode(n) is not None]
     m, a = node(gm, "mul"), node(gm, "add")
     rctrl, (m1,) = wrap(gm, rec, [m] if record_dep else [], [m])
     wctrl, items = wrap(gm, wait, [rctrl, m1], [m1] if consumer_from_wait else [])
@@ -188,7 +189,7 @@ def test_reorder():
     assert sanitize(producer_consumer()).ok
     assert sanitize(producer_consumer(), reorder=True).kinds == ["reorderable"]
     gm = wrapped_pair()
-    assert stream_op(node(gm, "control_deps"))[0] is REC
+    assert decode(node(gm, "control_deps")).target is REC
     assert sanitize(gm).ok and sanitize(gm, reorder=True).ok
     assert sanitize(wrapped_pair(consumer_from_wait=False), reorder=True).kinds == ["reorderable"]
     assert sanitize(wrapped_pair(consumer_from_wait=False)).ok
@@ -215,6 +216,8 @@ def test_stall_warning_with_estimates():
     est = lambda n: 2.5 if n.target is aten.mm.default else 1.0
     rep = sanitize(g(False), estimate=est)
     assert rep.ok and rep.kinds == ["stall"]
+    w = rep.warnings[0]
+    assert (w.start, w.end, w.idle) == (1.0, 3.5, 2.5)    # stream 0 reaches the free after mul, the mm ends at 3.5
     assert sanitize(g(True), estimate=est).kinds == []
     assert sanitize(g(False)).kinds == []       # no estimate, no timing claims
 
@@ -322,7 +325,7 @@ def test_seed_defect_3_stall_is_larger():
     def stall(gm):
         rep = sanitize(gm, estimate=get_roofline_estimate)
         assert rep.ok
-        return sum(float(w.message.split("estimated ")[1].split(" ")[0]) for w in rep.warnings if w.kind == "stall")
+        return sum(w.idle for w in rep.warnings if w.kind == "stall")
     assert stall(pipeline(long_side_use(), "dealloc")) > 5 * stall(pipeline(long_side_use()))
 
 

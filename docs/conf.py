@@ -1,0 +1,110 @@
+"""Sphinx configuration for the streamnb site. Run through `python tools/docs.py`, which stages the notebooks
+(nbdev directives applied) into build/docs-src/ and points STREAMNB_DOCS_META at its _meta.json."""
+import json
+import re
+import os
+import sys
+from pathlib import Path
+
+from docutils import nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+META = json.loads(Path(os.environ.get("STREAMNB_DOCS_META", ROOT / "build/docs-src/_meta.json")).read_text())
+PAGES = {p["page"]: p for p in META["pages"]}
+BY_MODULE = {p["module"]: p for p in META["pages"] if p["module"]}
+
+project = META["title"]
+author = META["author"]
+copyright = META["copyright"]
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.linkcode"]
+exclude_patterns = ["_meta.json", "**/.ipynb_checkpoints"]
+templates_path = []
+html_static_path = [str(Path(__file__).parent / "_static")]
+html_css_files = ["streamnb.css"]
+html_favicon = str(Path(__file__).parent / "_static" / "favicon.svg")  # else Chromium asks for /favicon.ico: a 404
+html_theme = "furo"
+html_title = META["title"]
+html_copy_source = False
+html_show_sourcelink = False
+html_theme_options = {"top_of_page_buttons": ["view"], "source_repository": META["git_url"] + "/",
+                      "source_branch": META["branch"], "source_directory": META["nbs_dir"] + "/"}
+default_role = "literal"          # `name` in docstrings reads as code, as it does in the notebooks
+nb_execution_mode = "off"         # the stored outputs, never re-run
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence"]
+autodoc_default_options = {"members": True, "undoc-members": True, "member-order": "bysource"}
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+autodoc_inherit_docstrings = False   # torch's own docstrings (Interpreter.run ...) are not streamnb's API
+suppress_warnings = ["mystnb.unknown_mime_type", "myst.xref_missing", "ref.python"]
+
+
+def _chapter(module: str):
+    return BY_MODULE.get(module)
+
+
+def linkcode_resolve(domain, info):
+    "The [source] link of every API entry: the notebook that defines it, not the generated module."
+    if domain != "py": return None
+    page = _chapter(info.get("module", ""))
+    if not page: return None
+    return f"{META['git_url']}/blob/{META['branch']}/{META['nbs_dir']}/{page['notebook']}"
+
+
+_re_tick = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def _md_to_rst(lines):
+    "nbdev docstrings are Markdown: `x`s and `x` next to letters would be broken reST; make them literals."
+    text = "\n".join(lines)
+    text = _re_tick.sub(lambda m: f"\\ ``{m.group(1)}``\\ ", text)
+    text = re.sub(r"(?<![\w*])\*(?=\w)(?![^*\n]*\*)", r"\\*", text)   # a lone *args
+    lines[:] = text.split("\n")
+
+
+def _defined_in(app, what, name, obj, options, lines):
+    "Each top-level API entry ends with a link to the cell of the chapter that defines it."
+    if what == "data" and getattr(obj, "__doc__", None) == getattr(type(obj), "__doc__", None):
+        lines.clear()   # a dict or tuple constant: not the docstring of `dict`
+    _md_to_rst(lines)
+    for mod, page in BY_MODULE.items():
+        if name.startswith(mod + "."):
+            rest = name[len(mod) + 1:]
+            if "." in rest and what not in ("method", "attribute", "property", "classmethod", "staticmethod"): return
+            anchor = page["anchors"].get(rest)
+            href = f"../{page['page']}.html" + (f"#{anchor}" if anchor else "")
+            lines += ["", f"*Defined in* `{page['title']} <{href}>`__ (``{page['notebook']}``)."]
+            return
+
+
+def _cell_ids(app, doctree):
+    "Anchors on exported cells (as nbdev's _modidx names them) and a visible label on #| cuda cells."
+    seen = set(doctree.ids)
+    for node in list(doctree.findall(nodes.container)):
+        if node.get("nb_element") != "cell_code": continue
+        md = (node.get("cell_metadata") or {}).get("streamnb", {})
+        for a in md.get("anchors", []):
+            if a not in seen: node["ids"].append(a); seen.add(a)
+        if md.get("cuda"):
+            label = nodes.paragraph(classes=["gpu-label"])
+            label += nodes.strong(text="GPU cell (cuda flag)")
+            label += nodes.Text(": needs a CUDA device; nbdev_test skips it on CPU. The output below is the one stored in "
+                                 "the notebook.")
+            node.insert(0, label)
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    "The 'view source' button of a chapter opens its notebook in nbs/; pages made here (API) get none."
+    page = PAGES.get(pagename)
+    if page:
+        context["theme_source_view_link"] = (f"{META['git_url']}/blob/{META['branch']}/{META['nbs_dir']}/"
+                                             f"{page['notebook']}")
+    else:
+        context["theme_source_repository"] = ""; context["theme_source_view_link"] = ""
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _defined_in)
+    app.connect("doctree-read", _cell_ids)
+    app.connect("html-page-context", _page_context)
