@@ -8,22 +8,16 @@ from __future__ import annotations
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import (aten, begin_pass, get_stream, get_stream_or_current_stream, is_gradient_acc,
+from .graph import (aten, begin_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
 # %% auto #0
 __all__ = ['assign_backward_streams', 'assign_epilogue_copy_streams']
 
 # %% ../nbs/02_backward_streams.ipynb #cff3b996
-def _get_flat_args(node: Node) -> list[Node]:
-    "The Node arguments of `node`, in order, duplicates kept (the seed's `_get_flat_args(node, {})`)."
-    args: list[Node] = []
-    map_arg((node.args, node.kwargs), args.append)
-    return args
-
 def _acc_stream(node: Node) -> int | None:
     "The seed's choice for an accumulation node: first user with a stream, else first argument with one."
-    for neighbor in list(node.users) + _get_flat_args(node):
+    for neighbor in list(node.users) + flat_args(node):
         ind = get_stream(neighbor)
         if ind is not None: return ind
     return None
@@ -47,12 +41,7 @@ def _epilogue_val_readers(gm: GraphModule) -> set[Node]:
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies."
     # No known defect: both modes run the seed's rule.
-    readers = None
-    def need_val(n):
-        nonlocal readers
-        if readers is None: readers = _epilogue_val_readers(gm)
-        return n in readers
-    if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=need_val): return
+    if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=_epilogue_val_readers(gm)): return
     for epi_copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))

@@ -5,42 +5,45 @@
 # %% ../nbs/05_control_deps.ipynb #a855aa34
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
-# The seed imports these inside `_wrap_sync_node` (an import cycle inside torch); streamnb has no cycle.
-from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node, control_deps, get_subgraph_name
+# The seed imports this inside `_wrap_sync_node` (an import cycle inside torch); streamnb has no cycle.
+from torch._inductor.fx_passes.control_dependencies import control_deps
 
-from .graph import (
-    SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, get_registry, get_stream, is_bwd_node, is_control_deps, streams)
+from . import fastfx
+from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, correction, get_registry, get_stream,
+                            is_bwd_node, is_control_deps, streams)
+from .streamops import OPS
 
 # %% auto #0
-__all__ = ['EmptyGraphError', 'check_events_recorded', 'wrap_all_sync_nodes_with_control_deps']
+__all__ = ['EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap', 'wrap_all_sync_nodes_with_control_deps']
 
 # %% ../nbs/05_control_deps.ipynb #74f82f7a
 def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Node], visited: set[Node], *,
-                    upstream: bool = False, output: _DeferredOutput | None = None) -> tuple[Node, list[Node]]:
+                    output: _DeferredOutput | None = None) -> tuple[Node, list[Node]]:
     "Replace `sync_node` with a `control_deps` node ordered after `deps_before_sync`; return it and its passthrough getitems."
     graph = gm.graph
     # Only deps with a user after the sync need to be threaded through it. (`output`: the output node's reads, held
     # aside by the pass; it counts as a user as it would in the graph.)
     deps_with_uses_after_sync = [dep for dep in deps_before_sync if any(u not in visited for u in dep.users)
                                  or (output is not None and output.reads(dep, visited))]
-    subgraph_module = _create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
-    subgraph_attr_name = get_subgraph_name(gm, sync_node.name)
-    setattr(gm, subgraph_attr_name, subgraph_module)
+    subgraph_module = fastfx.create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
+    subgraph_attr_name = fastfx.subgraph_name(gm, sync_node.name)
+    fastfx.set_submodule(gm, subgraph_attr_name, subgraph_module)
     with graph.inserting_before(sync_node):
-        get_subgraph = graph.get_attr(subgraph_attr_name)
-        control_deps_node = graph.call_function(
-            control_deps, args=(tuple(deps_before_sync), get_subgraph, *deps_with_uses_after_sync), kwargs={})
+        get_subgraph = fastfx.create_node(graph, "get_attr", subgraph_attr_name)
+        control_deps_node = fastfx.call_function(
+            graph, control_deps, (tuple(deps_before_sync), get_subgraph, *deps_with_uses_after_sync))
     # New nodes count as walked, so that later syncs do not take them for users "after" the sync.
     visited.add(get_subgraph); visited.add(control_deps_node)
     replacements: dict[Node, Node] = {}
     with graph.inserting_after(control_deps_node):
         for i, dep in enumerate(deps_with_uses_after_sync):
-            getitem_node = graph.call_function(operator.getitem, args=(control_deps_node, i + 1))  # 0 is the sync's result
+            getitem_node = fastfx.call_function(graph, operator.getitem, (control_deps_node, i + 1))  # 0: the sync's result
             getitem_node.meta.update(dep.meta)
             replacements[dep] = getitem_node
             visited.add(getitem_node)
@@ -94,17 +97,17 @@ def _depends_on_any(node: Node, targets: set[Node], visited: set[Node]) -> bool:
 
 def _is_consumer(n: Node, waiting: int) -> bool:
     "A compute node that runs on stream `waiting`."
-    return n.op == "call_function" and n.target not in SYNC_OPS and "val" in n.meta and _on(get_stream(n), waiting)
+    return n.op == "call_function" and n.target not in OPS and "val" in n.meta and _on(get_stream(n), waiting)
 
 def _read_across_later(v: Node, visited: set[Node]) -> bool:
     "Has `v` a compute user after the walk's position on another stream than its own?"
-    return any(u not in visited and u.op == "call_function" and u.target not in SYNC_OPS and "val" in u.meta
+    return any(u not in visited and u.op == "call_function" and u.target not in OPS and "val" in u.meta
                and get_stream(u) != get_stream(v) for u in v.users)
 
-def _unordered_cross_stream_inputs(wait: Node, deps: list[Node], visited: set[Node], recorded_on: int,
+def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], visited: set[Node], recorded_on: int,
                                    values: dict[int | None, list[Node]]) -> list[Node]:
-    "Values from `recorded_on` read after `wait` on its stream by a node that nothing orders after the wait."
-    waiting, ordered, extra = wait.args[1], set(deps), []
+    "Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait."
+    ordered, extra = set(deps), []
     keys = [recorded_on] + ([None] if get_registry().is_current_stream(recorded_on) else [])
     for key in keys:
         # Drop values that no later compute node on another stream reads: they can never be candidates again (a
@@ -118,29 +121,16 @@ def _unordered_cross_stream_inputs(wait: Node, deps: list[Node], visited: set[No
                 extra.append(v); ordered.add(v)
     return extra
 
-# %% ../nbs/05_control_deps.ipynb #44ad954a
-def _track(values: dict[int | None, list[Node]] | None, nodes: list[Node]) -> None:
-    "Remember `nodes` under their streams (default mode; `values` is None in upstream mode)."
-    if values is None: return
-    for n in nodes: values.setdefault(get_stream(n), []).append(n)
-
 # %% ../nbs/05_control_deps.ipynb #eb4f8996
-def _sync_deps(sync_node: Node, deps: list[Node], upstream: bool, forward_ctrls: set[Node] = frozenset()) -> list[Node]:
-    "The deps `sync_node` gets: in default mode, a backward sync drops forward values (correction 7)."
-    if upstream or not is_bwd_node(sync_node): return deps
-    # `forward_ctrls`: ctrls of forward syncs chained by correction 8; forward too, so dropped as well.
+def _drop_forward(sync_node: Node, deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> list[Node]:
+    "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
+    if not is_bwd_node(sync_node): return deps
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
-
-# %% ../nbs/05_control_deps.ipynb #eaa4a3b5
-def _reset_after_barrier(stream_to_nodes: dict[int | None, list[Node]], ctrl_node: Node | None, upstream: bool) -> None:
-    "After a host barrier the seed empties every list; by default (correction 8) each restarts at the barrier's ctrl."
-    if upstream or ctrl_node is None: stream_to_nodes.clear(); return
-    for s in stream_to_nodes: stream_to_nodes[s] = [ctrl_node]
 
 # %% ../nbs/05_control_deps.ipynb #5e11cf11
 def _chained(nodes: list[Node]) -> list[Node]:
     "A stream's list as deps: its leading ctrl (correction 8) is dropped if a later node of the list reads its getitems."
-    if not nodes or not is_control_deps(nodes[0]): return nodes   # always so in upstream mode: the lists hold no ctrl
+    if not nodes or not is_control_deps(nodes[0]): return nodes
     getitems = set(nodes[0].users)
     if any(i in getitems for n in nodes[1:] for i in n.all_input_nodes): return nodes[1:]
     return nodes
@@ -170,10 +160,14 @@ class _DeferredOutput:
         self._moved: dict[Node, Node] = {}   # a node it read -> the node that replaced it
         self._saved = None
 
-    def detach(self) -> None:
-        if self.node is None: return
-        self._saved = (self.node.args, self.node.kwargs)
-        self.node.args, self.node.kwargs = (), {}
+    @contextlib.contextmanager
+    def held_aside(self):
+        "Inside the block the output node has no arguments; they are written back on exit, also on error."
+        if self.node is not None:
+            self._saved = (self.node.args, self.node.kwargs)
+            self.node.args, self.node.kwargs = (), {}
+        try: yield self
+        finally: self.restore()
 
     def reads(self, n: Node, visited: set[Node] = frozenset()) -> bool:
         "Does the output node read `n` (and has the walk not reached it yet)?"
@@ -193,107 +187,168 @@ class _DeferredOutput:
         self.node.args, self.node.kwargs = map_arg(args, current), map_arg(kwargs, current)
 
 # %% ../nbs/05_control_deps.ipynb #368b4fc6
+class SeedWrap:
+    "The seed's decisions in the wrap pass, one method each; `CorrectedWrap` overrides those the corrections change."
+    ops = SYNC_OPS   # the ops the pass wraps
+    def check(self, gm: GraphModule) -> None: "Refuse a graph before any change (the seed refuses nothing)."
+    def start(self, w: _Walk) -> None: "Set up before the walk (the seed needs nothing)."
+    def stream_deps(self, nodes: list[Node]) -> list[Node]:
+        "A stream's list of nodes since its last sync, as deps."
+        return nodes
+    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
+        "What a `record_event` adds to its deps."
+        return deps
+    def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
+        "The deps `node` is wrapped with; `crossing` is `(recorded_on, waiting)` for a wait."
+        return deps
+    def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:
+        "After a sync on `stream`, its list starts empty: earlier nodes are ordered through the getitems."
+        w.stream_to_nodes[stream] = []
+    def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:
+        "After a host barrier every list starts empty."
+        w.stream_to_nodes.clear()
+    def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None: "Note a wrapped sync."
+    def add(self, w: _Walk, node: Node) -> None:
+        "A compute node joins its stream's list."
+        w.stream_to_nodes.setdefault(get_stream(node), []).append(node)
+
+# %% ../nbs/05_control_deps.ipynb #22c72488
+class CorrectedWrap(SeedWrap):
+    "streamnb's default: the seed's decisions, corrected."
+    ops = SYNC_OPS + (streams.wait_stream.default,)   # correction 11
+    def check(self, gm: GraphModule) -> None: check_events_recorded(gm)
+    def start(self, w: _Walk) -> None:
+        w.values = {}                                  # every value so far per stream, and the getitems for it (6)
+        w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
+        w.forward_ctrls = set()                        # ctrls of forward syncs (7)
+
+    @correction(8, "05_control_deps", "a sync right after another on its stream is left bare and can float",
+                "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl")
+    def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)
+    def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:
+        w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]   # correction 8
+    def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:
+        if ctrl is None: return super().after_barrier(w, ctrl)
+        for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]     # correction 8
+
+    @correction(9, "05_control_deps", "`sync_dealloc` has no data edge from its `record_event`",
+                "the freed tensor is threaded through the record")
+    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
+        return deps + [t for t in _dealloc_tensors(w.deallocs.get(record, ())) if t not in deps]
+
+    def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
+        deps = list(dict.fromkeys(self.backward_deps(w, node, deps)))   # (a chained ctrl may come twice)
+        return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
+
+    @correction(7, "05_control_deps", "backward syncs depend on forward values: AOTAutograd's partitioner rejects real "
+                "joint graphs", "backward syncs never depend on forward values")
+    def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:
+        return _drop_forward(node, deps, w.forward_ctrls)
+
+    @correction(6, "05_control_deps", "a consumer after a `wait_event` does not depend on it: a scheduler may hoist it "
+                "(PyTorch #193409)", "its cross-stream inputs are threaded through the wait")
+    def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
+        return _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
+
+    def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
+        for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
+        if not is_bwd_node(node): w.forward_ctrls.add(ctrl)
+    def add(self, w: _Walk, node: Node) -> None:
+        super().add(w, node)
+        w.values.setdefault(get_stream(node), []).append(node)
+
+    @correction(11, "05_control_deps", "leaves `wait_stream` bare (it is not in `_SYNC_OPS`): a user's join can float "
+                "(torch 2.13 wraps it, PR #185627)", "`wait_stream` is wrapped: after the work of both streams, and "
+                "the waiting stream's later consumers read through it")
+    def wait_stream(self, w: _Walk, node: Node) -> None:
+        waiting, waited_on = node.args
+        ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting)], (waited_on, waiting))
+        for s in (waited_on, waiting): w.after_sync(s, ctrl)
+
+# %% ../nbs/05_control_deps.ipynb #e2ca3de1
+_BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
+
+class _Walk:
+    "The wrap pass's state as it walks the graph once (the seed keeps the same dicts as local variables)."
+    def __init__(self, gm: GraphModule, rules: SeedWrap):
+        self.gm, self.graph, self.rules = gm, gm.graph, rules
+        self.stream_to_nodes: dict[int | None, list[Node]] = {}   # stream -> its nodes since its last sync
+        self.event_to_ctrl: dict[int, Node] = {}                  # event -> the control_deps node of its record
+        self.event_to_passthrough: dict[int, list[Node]] = {}     # event -> the getitems its record threaded through
+        self.event_to_stream: dict[int, int | None] = {}          # event -> the stream it was recorded on
+        self.visited: set[Node] = set()
+        self.found_sync = False
+        self.output = _DeferredOutput(gm.graph)   # the output node's arguments, rewired once at the end
+        rules.start(self)
+
+    def stream_deps(self, stream: int | None) -> list[Node]:
+        "What a sync on `stream` follows: the stream's list, and the unannotated nodes (they run on the current stream)."
+        deps = list(self.rules.stream_deps(self.stream_to_nodes.get(stream, [])))
+        if None in self.stream_to_nodes and stream is not None: deps += self.rules.stream_deps(self.stream_to_nodes[None])
+        return deps
+
+    def all_stream_deps(self) -> list[Node]:
+        return [n for nodes in self.stream_to_nodes.values() for n in self.rules.stream_deps(nodes)]
+
+    def wrap(self, node: Node, deps: list[Node], crossing: tuple | None = None) -> tuple[Node | None, list[Node]]:
+        "Wrap `node` after `deps` as the rules finish them; with no deps left it stays bare: `(None, [])`."
+        deps = self.rules.finish_deps(self, node, deps, crossing)
+        if not deps: return None, []
+        self.found_sync = True
+        ctrl, passthrough = _wrap_sync_node(self.gm, node, deps, self.visited, output=self.output)
+        self.rules.wrapped(self, node, ctrl, passthrough)
+        return ctrl, passthrough
+
+    def after_sync(self, stream: int | None, ctrl: Node | None) -> None:
+        self.rules.after_sync(self, stream, ctrl)
+        if None in self.stream_to_nodes: self.stream_to_nodes[None] = []
+
+    def barrier(self, node: Node) -> None:
+        "`synchronize_device`/`synchronize_stream`: the host blocks, so every stream's work so far comes before."
+        ctrl, _ = self.wrap(node, self.all_stream_deps())
+        self.rules.after_barrier(self, ctrl)
+
+    def event_sync(self, node: Node) -> None:
+        "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping."
+        event, target = node.args[0], node.target
+        if target is streams.synchronize_event.default:
+            stream, deps = self.event_to_stream.get(event), self.all_stream_deps()
+            if event not in self.event_to_stream:   # recorded outside the graph: order after the graph's inputs
+                deps = [*self.graph.find_nodes(op="placeholder"), *deps]
+        else:
+            stream, deps = node.args[1], self.stream_deps(node.args[1])
+        if target is not streams.record_event.default and event in self.event_to_ctrl:   # never above its record
+            deps = [self.event_to_ctrl[event], *deps]
+        if target is streams.synchronize_event.default: deps = [*deps, *self.event_to_passthrough.get(event, ())]
+        if target is streams.record_event.default: deps = self.rules.record_deps(self, node, deps)
+        crossing = (self.event_to_stream.get(event), stream) if target is streams.wait_event.default else None
+        ctrl, passthrough = self.wrap(node, deps, crossing)
+        if target is streams.record_event.default:
+            self.event_to_stream[event] = stream
+            if ctrl is not None: self.event_to_ctrl[event] = ctrl
+            self.event_to_passthrough[event] = passthrough
+        if target is streams.synchronize_event.default: self.rules.after_barrier(self, ctrl)
+        else: self.after_sync(stream, ctrl)
+
+# %% ../nbs/05_control_deps.ipynb #c1406707
 _PASS = "wrap_all_sync_nodes_with_control_deps"
 
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False) -> None:
     "Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge."
     graph = gm.graph
     if len(graph.nodes) == 0: raise EmptyGraphError("Expected a non-empty graph")
-    if not begin_pass(gm, _PASS): return
-    if not upstream:   # default: every wait must follow its record in the graph (checked before any change)
-        try: check_events_recorded(gm)
-        except UnknownEventError:
-            gm.meta["streamnb_passes"].remove(_PASS)   # rejected, so not processed
-            raise
-    stream_to_nodes: dict[int | None, list[Node]] = {}
-    event_to_ctrl: dict[int, Node] = {}              # event -> the control_deps node of its record
-    event_to_passthrough: dict[int, list[Node]] = {} # event -> the getitems its record threaded through
-    event_to_stream: dict[int, int | None] = {}      # event -> the stream it was recorded on
-    visited: set[Node] = set()
-    # Default only: every value so far per stream, and the getitems that stand for it (for the waits' consumers).
-    values: dict[int | None, list[Node]] | None = None if upstream else {}
-    # Default only: the record_event each sync_dealloc waits for (correction 9), and the ctrls of forward syncs.
-    deallocs = {} if upstream else _deallocs_by_record(graph)
-    forward_ctrls: set[Node] = set()
-    found_sync = False
-    output = _DeferredOutput(graph)   # the output node's arguments, rewired once at the end (see above)
-    output.detach()
-    try:
+    rules = SeedWrap() if upstream else CorrectedWrap()
+    if not begin_pass(gm, _PASS, check=rules.check): return
+    w = _Walk(gm, rules)
+    with w.output.held_aside():
         node = next(iter(graph.nodes))
         while node.op != "root":
             next_node = node.next
-            visited.add(node)
+            w.visited.add(node)
             if node.op == "call_function":
-                if node.target in SYNC_OPS:
-                    # The host blocks: a barrier across all streams.
-                    if node.target in (streams.synchronize_device.default, streams.synchronize_stream.default):
-                        all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
-                        all_stream_deps = _sync_deps(node, all_stream_deps, upstream, forward_ctrls)
-                        if not upstream: all_stream_deps = list(dict.fromkeys(all_stream_deps))
-                        ctrl_node = None
-                        if all_stream_deps:
-                            found_sync = True
-                            ctrl_node, passthrough = _wrap_sync_node(gm, node, all_stream_deps, visited,
-                                                                     upstream=upstream, output=output)
-                            _track(values, passthrough)
-                            if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
-                        _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
-                        node = next_node
-                        continue
-                    event_index = node.args[0]
-                    if node.target is streams.synchronize_event.default:
-                        sync_stream = event_to_stream.get(event_index)
-                        all_stream_deps = [n for nodes in stream_to_nodes.values() for n in _chained(nodes)]
-                        if event_index not in event_to_stream:   # recorded outside: order after the graph's inputs
-                            placeholders = graph.find_nodes(op="placeholder")   # in graph order, no walk
-                            deps_before_sync = [*placeholders, *all_stream_deps]
-                        else:
-                            deps_before_sync = all_stream_deps
-                    else:
-                        sync_stream = node.args[1]
-                        deps_before_sync = list(_chained(stream_to_nodes.get(sync_stream, [])))
-                        # Unannotated nodes run on the current stream: count them for any stream a sync names.
-                        if None in stream_to_nodes and sync_stream is not None:
-                            deps_before_sync.extend(_chained(stream_to_nodes[None]))
-                    # A wait or synchronize must not move above its record.
-                    if (node.target in (streams.wait_event.default, streams.synchronize_event.default)
-                            and event_index in event_to_ctrl):
-                        deps_before_sync = [event_to_ctrl[event_index], *deps_before_sync]
-                    if node.target is streams.synchronize_event.default and event_index in event_to_passthrough:
-                        deps_before_sync = [*deps_before_sync, *event_to_passthrough[event_index]]
-                    if not upstream and node.target is streams.record_event.default:   # correction 9
-                        deps_before_sync += [t for t in _dealloc_tensors(deallocs.get(node, ()))
-                                             if t not in deps_before_sync]
-                    deps_before_sync = _sync_deps(node, deps_before_sync, upstream, forward_ctrls)   # correction 7
-                    if not upstream:   # a chained ctrl may come twice
-                        deps_before_sync = list(dict.fromkeys(deps_before_sync))
-                    # Default only (correction 6): consumers after a wait read their cross-stream inputs through it.
-                    if not upstream and node.target is streams.wait_event.default:
-                        deps_before_sync += _unordered_cross_stream_inputs(
-                            node, deps_before_sync, visited, event_to_stream[event_index], values)
-                    if deps_before_sync:
-                        found_sync = True
-                        ctrl_node, passthrough = _wrap_sync_node(gm, node, deps_before_sync, visited,
-                                                                 upstream=upstream, output=output)
-                        _track(values, passthrough)
-                        if not is_bwd_node(node): forward_ctrls.add(ctrl_node)
-                    else:   # nothing to order after: the sync stays bare
-                        ctrl_node, passthrough = None, []
-                    if node.target is streams.record_event.default:
-                        event_to_stream[event_index] = sync_stream
-                        if ctrl_node is not None: event_to_ctrl[event_index] = ctrl_node
-                        event_to_passthrough[event_index] = passthrough
-                    # Later nodes accumulate afresh: earlier ones are ordered through the getitems (and, by default,
-                    # through the ctrl, which starts the stream's new list: correction 8).
-                    if node.target is streams.synchronize_event.default:
-                        _reset_after_barrier(stream_to_nodes, ctrl_node, upstream)
-                    else:
-                        stream_to_nodes[sync_stream] = [] if upstream or ctrl_node is None else [ctrl_node]
-                        if None in stream_to_nodes: stream_to_nodes[None] = []
-                elif "val" in node.meta:
-                    stream_to_nodes.setdefault(get_stream(node), []).append(node)
-                    _track(values, [node])
+                if node.target in _BARRIERS: w.barrier(node)
+                elif node.target is streams.wait_stream.default and node.target in rules.ops: rules.wait_stream(w, node)
+                elif node.target in rules.ops: w.event_sync(node)
+                elif "val" in node.meta: rules.add(w, node)
             node = next_node
-    finally:
-        output.restore()
-    if found_sync: gm.recompile()
+    if w.found_sync: gm.recompile()

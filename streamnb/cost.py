@@ -16,7 +16,7 @@ from torch.fx.node import map_arg
 from torch.utils._runtime_estimation import _FLOAT_TYPES, _IGNORE_OPS, get_num_bytes
 from torch.utils.flop_counter import flop_registry
 
-from .graph import StreamnbError, get_val, is_control_deps, is_stream_op
+from .graph import StreamnbError, correction, flat_args, get_val, is_control_deps
 
 # %% auto #0
 __all__ = ['DEVICE_SPECS', 'DeviceSpec', 'get_device_spec', 'is_free_op', 'val_nodes', 'get_roofline_estimate']
@@ -59,12 +59,6 @@ def get_device_spec(device: str | DeviceSpec) -> DeviceSpec:
                             "(or pass your own DeviceSpec)") from None
 
 # %% ../nbs/01_cost.ipynb #d340f034
-def _flat_node_args(node: Node) -> list[Node]:
-    "The Node arguments of `node` in order, duplicates kept (torch's `_get_flat_args(node, {})`)."
-    args: list = []
-    map_arg((node.args, node.kwargs), args.append)
-    return args
-
 def _seed_transfer_ns(flat_args_kwargs, flat_outs, spec: DeviceSpec) -> float:
     # torch.utils._runtime_estimation.get_transfer_time, with get_gpu_dram_gbps() -> spec.hbm_gbps
     read_bytes = sum(get_num_bytes(t) for t in flat_args_kwargs if isinstance(t, torch.Tensor))
@@ -92,9 +86,11 @@ def _seed_roofline_estimate(node: Node, spec: DeviceSpec, tf32: bool = False) ->
         return x.meta.get("value", x) if isinstance(x, Node) else x
     func = node.target
     if func in _IGNORE_OPS: return 0.0
+    if func not in flop_registry and "value" not in node.meta and not any("value" in a.meta for a in flat_args(node)):
+        return 0.0   # what the lines below compute when no node carries a `value` (every real graph): no bytes, no FLOPs
     mapped_args = map_arg(node.args, map_value)
     mapped_kwargs = map_arg(node.kwargs, map_value)
-    flat_args_kwargs = [map_value(x) for x in _flat_node_args(node)]
+    flat_args_kwargs = [map_value(x) for x in flat_args(node)]
     flat_outs, _ = pytree.tree_flatten(node.meta.get("value", node))
     out = node.meta.get("value", node)
     out_dtypes = {t.dtype for t in flat_outs if isinstance(t, torch.Tensor) and t.dtype in _FLOAT_TYPES}
@@ -109,22 +105,25 @@ def _packet(target: Any) -> Any:
 def is_free_op(node: Node) -> bool:
     "True for nodes the estimate counts as free: views, tensor creation, getitem, stream ops, control_deps."
     return (_packet(node.target) in _IGNORE_OPS or node.target is operator.getitem
-            or is_stream_op(node) or is_control_deps(node))
+            or getattr(node.target, "namespace", None) == "streams" or is_control_deps(node))
 
 def val_nodes(node: Node) -> list[Node]:
     "The nodes whose `meta['val']` the default estimate of `node` reads (none for free ops)."
     if node.op != "call_function" or is_free_op(node): return []
-    return [node] + list(dict.fromkeys(_flat_node_args(node)))
+    return [node] + list(dict.fromkeys(flat_args(node)))
 
 def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
+@correction(3, "01_cost", "every roofline estimate is 0 in real graphs (it reads `meta['value']`, and looks overloads up in "
+            "tables keyed by packets), so `sync_dealloc` stalls the allocating stream",
+            "estimates from `meta['val']` and the op's packet, against a datasheet table")
 def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
     if node.op != "call_function":
         raise StreamnbError(f"node {node.name}: only call_function nodes have a cost, not {node.op}")
     if is_free_op(node): return 0.0
     out = get_val(node)
-    inputs = [get_val(a) for a in dict.fromkeys(_flat_node_args(node))]
+    inputs = [get_val(a) for a in dict.fromkeys(flat_args(node))]
     nbytes = sum(get_num_bytes(t) for t in _tensors(inputs) + _tensors(out))
     transfer_ms = nbytes / (spec.hbm_gbps * 1e9) * 1e3
     compute_ms = 0.0

@@ -12,7 +12,9 @@ from torch.fx import Graph, GraphModule, Node
 
 from .cost import DeviceSpec, get_roofline_estimate, val_nodes
 from .graph import (IndexedDict, StreamnbError, begin_pass, get_stream, get_stream_or_current_stream,
-                            is_bwd_node, is_stream_op, new_event)
+                            is_bwd_node, correction, new_event)
+from . import fastfx
+from .streamops import OPS
 from .syncs import insert_record_event_after_node
 
 streams = torch.ops.streams
@@ -50,6 +52,8 @@ def populate_stream_timeline(stream_to_timeline: dict[int | None, IndexedDict[No
     return stream_to_timeline[stream_index]
 
 # %% ../nbs/04_dealloc.ipynb #49bc3dca
+@correction(4, "04_dealloc", "without CUDA inserts `record_stream` *and* `sync_dealloc`",
+            "one mechanism, chosen explicitly (`mechanism=`)")
 def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
     "Insert `record_stream(node, stream_ind)` after `node` and after the record_streams already there for it."
     anchor = node   # (the seed inserts right after `node`: it never has more than one per node)
@@ -75,6 +79,12 @@ def _find_alloc_ptr(allocating_stream_trace: IndexedDict, node: Node, target_sid
         if next_ptr is None: break
         alloc_ptr = next_ptr
     return alloc_ptr
+
+@correction(5, "04_dealloc", "reads the wait's stream from the node it waits after, which may be an inserted sync without "
+            "`meta['val']`: `KeyError: 'val'`", "the wait's stream comes from the allocating node")
+def _wait_stream_of(node: Node) -> Node:
+    "The node whose stream the `sync_dealloc` waits on: `node` itself, on the allocating stream by construction."
+    return node
 
 def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | None, IndexedDict[Node, float]],
                                node: Node, last_usage: Node, *, upstream: bool = False,
@@ -102,11 +112,9 @@ def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | No
     alloc_ptr = _find_alloc_ptr(allocating_stream_trace, node, side_stream_trace[last_usage])
     wait_event = new_event()
     record_node = insert_record_event_after_node(graph, last_usage, wait_event)
-    # the seed reads the wait's stream from alloc_ptr, which may be an inserted node without a val (defect 5);
-    # node is on the allocating stream by construction
     with graph.inserting_after(max(alloc_ptr, record_node)):
-        graph.call_function(streams.sync_dealloc.default,
-                            (wait_event, get_stream_or_current_stream(alloc_ptr if upstream else node), node), {})
+        fastfx.call_function(graph, streams.sync_dealloc.default,
+                             (wait_event, get_stream_or_current_stream(alloc_ptr if upstream else _wait_stream_of(node)), node))
     node.meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/04_dealloc.ipynb #9dc0b42e
@@ -118,12 +126,14 @@ def _needs_val(gm: GraphModule) -> set[Node]:
     "Nodes whose `meta['val']` the default pass reads: everything a backward node's estimate reads."
     return {v for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) for v in val_nodes(n)}
 
+@correction(2, "04_dealloc", "protects a freed tensor only from the stream of its last user",
+            "every side stream's last use")
 def _side_stream_last_uses(node: Node) -> list[Node] | None:
     "The last use of `node` on each stream other than its own, in graph order; None if the output uses it."
     last: dict = {}
     for user in node.users:
         if user.op == "output": return None
-        if user.op != "call_function" or is_stream_op(user) or not is_bwd_node(user): continue
+        if user.op != "call_function" or user.target in OPS or not is_bwd_node(user): continue
         s = get_stream(user)
         if s not in last or user > last[s]: last[s] = user
     return sorted(u for s, u in last.items() if s != get_stream(node))
@@ -145,13 +155,12 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
                        device: str | DeviceSpec = "H100") -> None:
     "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
     _check_mechanism(mechanism)
-    needed = None if upstream else _needs_val(gm)
-    if not begin_pass(gm, "sync_deallocations", need_val=None if upstream else needed.__contains__): return
+    if not begin_pass(gm, "sync_deallocations", need_val=() if upstream else _needs_val(gm)): return
     if upstream: _seed_sync_deallocations(gm, mechanism, device)
     else:
         stream_to_exec_trace: dict = {}
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or not is_bwd_node(node) or is_stream_op(node): continue
+            if node.op != "call_function" or not is_bwd_node(node) or node.target in OPS: continue
             for last_usage in _side_stream_last_uses(node) or []:
                 handle_synced_deallocation(gm.graph, stream_to_exec_trace, node, last_usage,
                                            mechanism=mechanism, device=device)

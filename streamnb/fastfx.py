@@ -41,12 +41,16 @@ def paused_gc() -> Iterator[None]:
         if was_enabled: gc.enable()
 
 # %% ../nbs/00b_fastfx.ipynb #ada72c8f
+_TARGET_NAMES: dict[Any, str] = {}
+
 def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
                 name: str | None = None) -> Node:
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
     if not FAST: return graph.create_node(op, target, args, kwargs, name)
     ns = graph._graph_namespace
-    name = ns.create_name(name if name is not None else graph._target_to_str(target), None)
+    if name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per target
+        name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, graph._target_to_str(target))
+    name = ns.create_name(name, None)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)
     owner = graph.owning_module
     if owner is not None and getattr(owner, "_create_node_hooks", None) is not None:
@@ -116,7 +120,11 @@ def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Nod
         return _create_subgraph_for_node(graph, node, additional_deps)
     owner = graph.owning_module
     sub = Graph(owner)
-    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    if node.kwargs or any(isinstance(a, (tuple, list, dict)) for a in node.args):
+        flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+        rebuild = lambda new: pytree.tree_unflatten(new, spec)
+    else:   # a sync op's arguments: ints and Nodes, no kwargs (what pytree would flatten them to)
+        flat, rebuild = list(node.args), lambda new: (tuple(new), {})
     ph: dict[Node, Node] = {}
     for a in flat:
         if isinstance(a, Node) and a not in ph:
@@ -124,7 +132,7 @@ def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Nod
             if "val" not in a.meta and a.op == "get_attr" and isinstance(a.target, str):
                 ph[a].meta["val"] = operator.attrgetter(a.target)(owner)
     deps = [_placeholder(sub, f"dep_{i}", d) for i, d in enumerate(additional_deps or ())]
-    args, kwargs = pytree.tree_unflatten([ph[a] if isinstance(a, Node) else a for a in flat], spec)
+    args, kwargs = rebuild([ph[a] if isinstance(a, Node) else a for a in flat])
     result = create_node(sub, "call_function", node.target, tuple(args), kwargs)
     result.meta.update(node.meta)
     outs = (result, *deps) if deps else result

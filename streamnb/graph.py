@@ -10,7 +10,8 @@ import itertools
 import operator
 import warnings
 from collections.abc import Iterator, MutableMapping
-from typing import Any, Callable, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Generic, TypeVar
 
 import torch
 import torch.fx
@@ -18,16 +19,16 @@ import torch._dynamo.variables.streams  # registers the torch.ops.streams.* oper
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
+# %% auto #0
+__all__ = ['BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'StreamnbError', 'StreamAnnotationError', 'MissingValError',
+           'UnknownEventError', 'AlreadyProcessedWarning', 'get_stream', 'set_stream', 'is_bwd_node', 'is_gradient_acc',
+           'get_val', 'get_device', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
+           'get_stream_or_current_stream', 'is_control_deps', 'flat_args', 'IndexedDict', 'GraphBuilder', 'describe',
+           'canonical', 'validate', 'already_processed', 'begin_pass', 'Correction', 'correction', 'corrections_table']
+
+# %% ../nbs/00_graph.ipynb #659d8eb0
 aten = torch.ops.aten
 streams = torch.ops.streams
-
-# %% auto #0
-__all__ = ['aten', 'streams', 'BWD_TAGS', 'SYNC_OPS', 'STREAM_OPS', 'K', 'V', 'PIPELINE_ORDER', 'StreamnbError',
-           'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning', 'get_stream',
-           'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'StreamRegistry', 'get_registry',
-           'use_registry', 'new_event', 'get_current_stream', 'get_stream_or_current_stream', 'is_stream_op',
-           'is_control_deps', 'sync_target', 'IndexedDict', 'GraphBuilder', 'describe', 'canonical', 'validate',
-           'begin_pass']
 
 # %% ../nbs/00_graph.ipynb #bfff04f9
 class StreamnbError(Exception):
@@ -150,28 +151,22 @@ SYNC_OPS = (
     streams.synchronize_device.default,
     streams.synchronize_stream.default,
 )
-STREAM_OPS = SYNC_OPS + (streams.wait_stream.default, streams.sync_dealloc.default, streams.record_stream.default)
-
-def is_stream_op(node: Node) -> bool:
-    "True for a call to one of the `torch.ops.streams` operators."
-    return node.op == "call_function" and node.target in STREAM_OPS
 
 def is_control_deps(node: Node) -> bool:
     "True for a call to the `control_deps` higher-order op."
     return (node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
             and node.target.name() == "control_deps")
 
-def sync_target(node: Node, gm: GraphModule | None = None) -> Any:
-    "The stream op a node performs: its own target, or for a `control_deps` node the op inside its subgraph."
-    if is_control_deps(node):
-        sub = node.args[1]
-        mod = getattr(gm if gm is not None else node.graph.owning_module, sub.target)
-        return next(n for n in mod.graph.nodes if n.op == "call_function").target
-    return node.target
+def flat_args(node: Node) -> list[Node]:
+    "The Node arguments of `node` (args, then kwargs), in order, duplicates kept: the seed's `_get_flat_args(node, {})`."
+    args: list[Node] = []
+    map_arg((node.args, node.kwargs), args.append)
+    return args
 
 # %% ../nbs/00_graph.ipynb #e78f2a1b
 K = TypeVar("K"); V = TypeVar("V")
 
+# %% ../nbs/00_graph.ipynb #f4a5f554
 class IndexedDict(MutableMapping, Generic[K, V]):
     "A dict in insertion order with O(1) `next_key`/`prev_key`."
     __slots__ = ("_dict", "_keys", "_pos")
@@ -288,20 +283,54 @@ def canonical(gm: GraphModule, rename_events: bool = True, names: bool = True, _
 PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
-def validate(gm: GraphModule, need_val: Callable[[Node], bool] | None = None) -> None:
-    "Raise a `StreamnbError` naming the first bad node: a non-int stream, or a missing `meta['val']` where `need_val`."
+def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
+    "Raise a `StreamnbError` naming the first bad node: a non-int stream, or a missing `meta['val']` on a node of `need_val`."
     for n in gm.graph.nodes:
         get_stream(n)
-        if need_val is not None and "val" not in n.meta and need_val(n): get_val(n)
+        if "val" not in n.meta and n in need_val: get_val(n)
 
-def begin_pass(gm: GraphModule, name: str, need_val: Callable[[Node], bool] | None = None) -> bool:
-    "Validate `gm` for pass `name`; False (with a warning) if the pass must not run again on it."
-    done = gm.meta.setdefault("streamnb_passes", [])
+def already_processed(gm: GraphModule, name: str) -> bool:
+    "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     wrapped = next((n for n in gm.graph.nodes if is_control_deps(n)), None)
-    if name in done or (wrapped is not None and name in PIPELINE_ORDER):
-        why = f"node {wrapped.name} is a control_deps node" if wrapped is not None else f"{name} already ran on it"
-        warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=3)
-        return False
-    validate(gm, need_val)
-    done.append(name)
+    if name not in gm.meta.get("streamnb_passes", ()) and (wrapped is None or name not in PIPELINE_ORDER): return False
+    why = f"node {wrapped.name} is a control_deps node" if wrapped is not None else f"{name} already ran on it"
+    warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
+
+def begin_pass(gm: GraphModule, name: str, need_val: Collection[Node] = (),
+               check: Callable[[GraphModule], None] | None = None) -> bool:
+    "Validate `gm` for pass `name` and mark it processed; False (with a warning) if the pass must not run again on it."
+    if already_processed(gm, name): return False
+    validate(gm, need_val)
+    if check is not None: check(gm)
+    gm.meta.setdefault("streamnb_passes", []).append(name)
+    return True
+
+# %% ../nbs/00_graph.ipynb #488b02e0
+@dataclass(frozen=True)
+class Correction:
+    "One of the seed's defects and what streamnb's default does instead; `where` names the code that does it."
+    number: int
+    chapter: str
+    seed: str
+    fix: str
+    where: str
+
+CORRECTIONS: dict[int, Correction] = {}
+
+def correction(number: int, chapter: str, seed: str, fix: str) -> Callable:
+    "Decorator: register the function or method that implements correction `number`."
+    def register(fn):
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        old = CORRECTIONS.get(number)
+        if old is not None and old.where.rsplit(".", 1)[-1] != where.rsplit(".", 1)[-1]:
+            raise ValueError(f"correction {number} is already {old.where}")
+        CORRECTIONS[number] = Correction(number, chapter, seed, fix, where)
+        return fn
+    return register
+
+def corrections_table() -> str:
+    "The registered corrections as a Markdown table, in number order."
+    rows = ["| # | chapter | the seed | streamnb's default |", "|---|---|---|---|"]
+    rows += [f"| {c.number} | `{c.chapter}` | {c.seed} | {c.fix} |" for c in sorted(CORRECTIONS.values(), key=lambda c: c.number)]
+    return "\n".join(rows)

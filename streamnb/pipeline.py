@@ -13,6 +13,7 @@ from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .cost import DeviceSpec
 from .dealloc import sync_deallocations
+from .fastfx import paused_gc
 from .metadata import populate_fw_metadata_with_stream_indices
 from .syncs import insert_backward_syncs
 
@@ -24,12 +25,13 @@ def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: A
                       mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100",
                       dce: bool = False) -> GraphModule:
     "Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`."
-    assign_backward_streams(gm, upstream=upstream)
-    assign_epilogue_copy_streams(gm, upstream=upstream)
-    insert_backward_syncs(gm, upstream=upstream)
-    sync_deallocations(gm, upstream=upstream, mechanism=mechanism, device=device)
-    # After every pass that inserts sync nodes: a sync inserted later would be bare again.
-    wrap_all_sync_nodes_with_control_deps(gm, upstream=upstream)
+    with paused_gc():   # the passes make no reference cycles worth collecting; a pause saves a quarter of the time
+        assign_backward_streams(gm, upstream=upstream)
+        assign_epilogue_copy_streams(gm, upstream=upstream)
+        insert_backward_syncs(gm, upstream=upstream)
+        sync_deallocations(gm, upstream=upstream, mechanism=mechanism, device=device)
+        # After every pass that inserts sync nodes: a sync inserted later would be bare again.
+        wrap_all_sync_nodes_with_control_deps(gm, upstream=upstream)
     if fw_metadata is not None:   # read last, from the streams the graph finally has
         populate_fw_metadata_with_stream_indices(gm, fw_metadata, upstream=upstream)
     if dce:   # what graph_capture.py does next; removes only unused getitems and already-dead nodes

@@ -9,7 +9,9 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import (STREAM_OPS, begin_pass, get_device, get_stream, get_stream_or_current_stream,
+from . import fastfx
+from .streamops import OPS
+from .graph import (begin_pass, correction, flat_args, get_device, get_stream, get_stream_or_current_stream,
                             is_bwd_node, new_event, streams)
 
 # %% auto #0
@@ -19,18 +21,20 @@ __all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'i
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
     "Insert `record_event(event_ind, stream of node)` right after `node`."
     with graph.inserting_after(node):
-        record = graph.call_function(streams.record_event.default, (event_ind, get_stream_or_current_stream(node)))
+        record = fastfx.call_function(graph, streams.record_event.default, (event_ind, get_stream_or_current_stream(node)))
     record.meta["partitioner_tag"] = "must_be_in_backward"
     return record
 
 def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> Node:
     "Insert `wait_event(event_ind, stream of node)` right before `node`."
     with graph.inserting_before(node):
-        wait = graph.call_function(streams.wait_event.default, (event_ind, get_stream_or_current_stream(node)))
+        wait = fastfx.call_function(graph, streams.wait_event.default, (event_ind, get_stream_or_current_stream(node)))
     wait.meta["partitioner_tag"] = "must_be_in_backward"
     return wait
 
 # %% ../nbs/03_syncs.ipynb #c2b3c990
+@correction(1, "03_syncs", "waits only before the *first* cross-stream consumer of a value: a consumer on a third stream races",
+            "a wait before the first consumer on each other stream")
 def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict, *,
                 upstream: bool = False) -> None:
     "Make `consumer` wait for `producer`: one record per producer, one wait per consumer stream (seed: first consumer only)."
@@ -61,9 +65,11 @@ def _written_args(node: Node) -> list[Node]:
         map_arg(v, out.append)
     return out
 
+@correction(10, "03_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams",
+            "write-after-read syncs: the writer waits for the last use on each other stream")
 def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
     "For each backward in-place writer: `(last user, tensor)` for each other stream that used the written tensor before it."
-    bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and n.target not in STREAM_OPS]
+    bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and n.target not in OPS]
     written = {n: ts for n in bwd if (ts := _written_args(n))}
     last: dict[Node, dict] = {t: {} for ts in written.values() for t in ts}   # tensor -> {stream: last user so far}
     out: dict[Node, list[tuple[Node, Node]]] = {}
@@ -88,12 +94,6 @@ def _war_val_readers(war: dict[Node, list[tuple[Node, Node]]]) -> set[Node]:
     return need
 
 # %% ../nbs/03_syncs.ipynb #bd5dcb1b
-def _get_flat_args(node: Node) -> list[Node]:
-    "The Node arguments of `node`, in order, duplicates kept (the seed's `_get_flat_args(node, {})`)."
-    args: list[Node] = []
-    map_arg((node.args, node.kwargs), args.append)
-    return args
-
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
     "The seed's test for a (consumer, producer) edge that may need a sync, before the device check."
     return producer.op == "call_function" and is_bwd_node(producer) and get_stream(producer) != get_stream(consumer)
@@ -103,7 +103,7 @@ def _val_readers(gm: GraphModule) -> set[Node]:
     need = set()
     for consumer in gm.graph.nodes:
         if consumer.op != "call_function" or not is_bwd_node(consumer): continue
-        for producer in _get_flat_args(consumer):
+        for producer in flat_args(consumer):
             if not _crosses_streams(consumer, producer): continue
             need.add(producer)   # its device decides whether to sync
             if (get_stream(consumer) is None and "val" in producer.meta
@@ -114,22 +114,13 @@ def _val_readers(gm: GraphModule) -> set[Node]:
 # %% ../nbs/03_syncs.ipynb #b649a599
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
-    war = None   # writer -> [(last user on another stream, written tensor)]; the seed has none (correction 10)
-    def war_syncs():
-        nonlocal war
-        if war is None: war = {} if upstream else _war_syncs(gm)
-        return war
-    readers = None
-    def need_val(n):
-        nonlocal readers
-        if readers is None: readers = _val_readers(gm) | _war_val_readers(war_syncs())
-        return n in readers
-    if not begin_pass(gm, "insert_backward_syncs", need_val=need_val): return
-    war = war_syncs()   # found before any insertion: inserted syncs use no tensors
+    # writer -> [(last user on another stream, written tensor)], found before any insertion; the seed has none
+    war = {} if upstream else _war_syncs(gm)
+    if not begin_pass(gm, "insert_backward_syncs", need_val=_val_readers(gm) | _war_val_readers(war)): return
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node):
-            for arg in _get_flat_args(node):
+            for arg in flat_args(node):
                 if _crosses_streams(node, arg) and get_device(arg).type != "cpu":
                     insert_sync(gm.graph, node, arg, node_to_wait_event_ind, upstream=upstream)
             for user, tensor in war.get(node, ()):   # default only: a write waits for earlier uses on other streams

@@ -160,14 +160,14 @@ def _drop_cost(gm):
 # ---------------------------------------------------------------- each corrected defect
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_defect2_every_side_stream_is_synced(upstream):
+def test_correction_2_every_side_stream_is_synced(upstream):
     gm = two_side_streams()
     run(gm, upstream=upstream)
     assert synced_side_streams(gm) == [1, 2]
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_defect2_side_stream_before_a_home_use(upstream):
+def test_correction_2_side_stream_before_a_home_use(upstream):
     gm = side_then_home()
     run(gm, upstream=upstream)
     assert synced_side_streams(gm) == [1]
@@ -191,7 +191,7 @@ def caught_up(gm, tensor="mul", device="H100"):
 
 @pytest.mark.parametrize("device", ["H100", "A100"])
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_defect3_wait_where_the_allocating_stream_caught_up(upstream, device):
+def test_correction_3_wait_where_the_allocating_stream_caught_up(upstream, device):
     gm = small_graph()
     run(gm, upstream=upstream, device=device)
     assert caught_up(gm, device=device)
@@ -205,7 +205,7 @@ def test_defect3_wait_where_the_allocating_stream_caught_up(upstream, device):
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_defect4_one_mechanism(upstream):
+def test_correction_4_one_mechanism(upstream):
     gm = two_side_streams()
     run(gm, upstream=upstream, mechanism="record_stream")
     assert not nodes(gm, DEALLOC) and not nodes(gm, REC)
@@ -214,7 +214,7 @@ def test_defect4_one_mechanism(upstream):
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_defect5_no_keyerror_val(upstream):
+def test_correction_5_no_keyerror_val(upstream):
     gm = crash_graph()
     reg = run(gm, upstream=upstream)
     (d,) = nodes(gm, DEALLOC)
@@ -222,7 +222,7 @@ def test_defect5_no_keyerror_val(upstream):
     assert d.prev.target is REC and d.prev.args[1] == 1
 
 
-def test_defect5_seed_crash_message():
+def test_correction_5_seed_crash_message():
     with pytest.raises(KeyError) as e:
         run(crash_graph(), upstream=True)
     assert isinstance(e.value, MissingValError) and "record_event_default" in str(e.value)

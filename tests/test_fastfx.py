@@ -1,0 +1,49 @@
+"""The FX fast path (`streamnb.fastfx`) against FX's public path: the passes give the same graphs, the same subgraph
+modules (class, attributes, code) and the same node metadata with the fast path on and off."""
+import gc
+
+import pytest
+import torch
+
+import graphgen
+from streamnb import fastfx
+from streamnb.graph import StreamRegistry, canonical, use_registry
+from streamnb.pipeline import run_stream_passes
+
+
+def _module_state(m):
+    skip = {"_graph", "_code", "_in_spec", "_out_spec"}
+    state = {k: (type(v), v if not isinstance(v, (dict, list, set)) else len(v)) for k, v in vars(m).items() if k not in skip}
+    return type(m).__name__, type(m).__qualname__, type(m).__module__, state, m.code
+
+
+def _run(seed, fast, upstream, monkeypatch):
+    monkeypatch.setattr(fastfx, "FAST", fast)
+    gm = graphgen.random_backward_graph(seed, n_nodes=40)
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(gm, upstream=upstream)
+    subs = {n: _module_state(m) for n, m in gm.named_children()}
+    metas = [(n.name, sorted(n.meta)) for n in gm.graph.nodes]
+    return canonical(gm), subs, metas, gm.code
+
+
+@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
+@pytest.mark.parametrize("upstream", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_path_builds_what_the_public_path_builds(seed, upstream, monkeypatch):
+    assert _run(seed, True, upstream, monkeypatch) == _run(seed, False, upstream, monkeypatch)
+
+
+def test_fast_path_is_off_on_other_torch_versions(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert not fastfx.fast_path_enabled()
+
+
+def test_pipeline_restores_the_garbage_collector_also_on_error():
+    assert gc.isenabled()
+    gm = graphgen.random_backward_graph(0, n_nodes=20)
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["custom"] = {"stream": "x"}
+    with pytest.raises(Exception, match=node.name):
+        run_stream_passes(gm)
+    assert gc.isenabled()
