@@ -17,11 +17,14 @@ from . import fastfx
 from .streamops import OPS
 from .syncs import insert_record_event_after_node
 
-streams = torch.ops.streams
-MECHANISMS = ("sync_dealloc", "record_stream")
-
 # %% auto #0
-__all__ = ['streams', 'MECHANISMS', 'populate_stream_timeline', 'handle_synced_deallocation', 'sync_deallocations']
+__all__ = ['MECHANISMS', 'populate_stream_timeline', 'handle_synced_deallocation', 'sync_deallocations']
+
+# %% ../nbs/04_dealloc.ipynb #15376f84
+streams = torch.ops.streams
+
+# %% ../nbs/04_dealloc.ipynb #c5394965
+MECHANISMS = ("sync_dealloc", "record_stream")   # how a tensor freed off its stream is protected
 
 # %% ../nbs/04_dealloc.ipynb #cdf537f9
 class _Timeline(IndexedDict):

@@ -66,12 +66,15 @@ def call_function(graph: Graph, target: Any, args: tuple = (), kwargs: dict | No
     return create_node(graph, "call_function", target, args, kwargs)
 
 # %% ../nbs/00b_fastfx.ipynb #b64a649b
-_TEMPLATE: dict[str, Any] = {}
+_TEMPLATE: list = []   # [(the attributes to share, the attributes that need a fresh empty container)]
 
-def _template() -> dict[str, Any]:
-    "The instance dictionary of a `_LazyGraphModule` built by FX's public constructor (built once)."
-    if not _TEMPLATE: _TEMPLATE.update(_LazyGraphModule(torch.nn.Module(), Graph()).__dict__)
-    return _TEMPLATE
+def _template() -> tuple[dict[str, Any], list[tuple[str, type]]]:
+    "The instance dictionary of a `_LazyGraphModule` built by FX's public constructor (built once), split in two."
+    if not _TEMPLATE:
+        d = _LazyGraphModule(torch.nn.Module(), Graph()).__dict__
+        fresh = [(k, type(v)) for k, v in d.items() if isinstance(v, (dict, list, set))]
+        _TEMPLATE.append(({k: v for k, v in d.items() if not isinstance(v, (dict, list, set))}, fresh))
+    return _TEMPLATE[0]
 
 def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
     "`_LazyGraphModule(root, graph)` for a `graph` without `get_attr`/`call_module` nodes (a sync's subgraph)."
@@ -79,7 +82,10 @@ def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
     cls = type("GraphModule", (_LazyGraphModule,),
                {"__module__": GraphModule.__module__, "__qualname__": "GraphModule.__new__.<locals>.GraphModuleImpl"})
     m = object.__new__(cls)
-    m.__dict__.update({k: type(v)() if isinstance(v, (dict, list, set)) else v for k, v in _template().items()})
+    shared, fresh = _template()
+    d = m.__dict__
+    d.update(shared)
+    for k, t in fresh: d[k] = t()
     m.__dict__.update(training=root.training, _graph=graph)
     graph.owning_module = m
     cls.forward = cls._lazy_forward   # what `recompile()` does on a lazy module: compile on first use
