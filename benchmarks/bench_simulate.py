@@ -8,33 +8,8 @@ import argparse
 import gc
 import time
 
-import torch
-
-from streamnb.graph import GraphBuilder, streams
-from streamnb.simulate import simulate
-
-aten = torch.ops.aten
-
-
-def backward_like(n_nodes: int, n_streams: int = 3):
-    """A chain of 'layers': the input gradient on stream 0, a weight gradient on a side stream that reads it across
-    a record/wait pair, and a sync_dealloc bringing the side stream's last use back. About 8 nodes per layer."""
-    b = GraphBuilder(shape=(64, 64))
-    grad = b.input("tangents_1")
-    w = b.input("primals_1", tag="is_forward")
-    ev = 1000
-    while len(b.graph.nodes) < n_nodes:
-        side = 1 + (ev % (n_streams - 1))
-        grad = b.op(aten.mm.default, grad, w, stream=0)
-        b.sync(streams.record_event.default, ev, 0)
-        b.sync(streams.wait_event.default, ev, side)
-        wg = b.op(aten.mm.default, grad, w, stream=side)
-        wg = b.op(aten.neg.default, wg, stream=side)
-        b.sync(streams.record_event.default, ev + 1, side)
-        b.sync(streams.sync_dealloc.default, ev + 1, 0, grad)
-        grad = b.op(aten.relu.default, grad, stream=0)
-        ev += 2
-    return b.output(grad)
+from streamnb.examples import backward_like
+from streamnb.simulator import simulate
 
 
 def main():

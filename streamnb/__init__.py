@@ -1,9 +1,12 @@
 """streamnb: GPU stream semantics for compiled PyTorch graphs, as literate notebooks.
 
-The seed's passes under the seed's names (`upstream=True` for PyTorch's behaviour node for node), the simulator,
-plots, trace export, sanitizer, capture and explain. Note that `streamnb.capture`, `streamnb.simulate` and
-`streamnb.explain` are the functions; their modules are `streamnb.capture` etc. in `sys.modules`
-(`from streamnb.capture import Capture` works as usual).
+The seed's passes under the seed's names (`upstream=True` for PyTorch's behaviour node for node), the stream-op model
+they and everything after them share (`streamnb.streamops`), the simulator, plots, trace export, sanitizer, capture
+of real models, the CUDA executor and explain.
+
+The functions `streamnb.simulate`, `streamnb.capture` and `streamnb.explain` live in the modules
+`streamnb.simulator`, `streamnb.capturing` and `streamnb.explainer` (`import streamnb.simulator as m` gives the
+module); the example models and graphs are in `streamnb.examples`.
 """
 __version__ = "0.1.0"
 
@@ -17,9 +20,9 @@ from .dealloc import populate_stream_timeline, handle_synced_deallocation, sync_
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .metadata import populate_fw_metadata_with_stream_indices
 from .pipeline import run_stream_passes
-from .simulate import Timeline, simulate
+from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
 from .trace import to_chrome_trace, write_chrome_trace
-from .sanitizer import Report, sanitize
-from .capture import Capture, capture
-from .explain import Explanation, explain
+from .sanitizer import Report, SanitizerError, sanitize
+from .capturing import Capture, capture
+from .explainer import Explanation, explain

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help(); return 2
     matplotlib.use("Agg")
-    from streamnb.explain import explain, transformer_block_example
+    from streamnb.examples import transformer_block_example
+    from streamnb.explainer import explain
     t0 = time.perf_counter()
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[{time.perf_counter() - t0:5.1f}s] {m}", file=sys.stderr, flush=True))
     out = Path(args.out)

@@ -54,9 +54,7 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
             if user is control_deps_node or user in visited: continue
             # A forward output stays a forward node: the partitioner must not see it come from the backward.
             if user.op == "output" and not is_bwd_node(dep): continue
-            replace = lambda n, dep=dep, getitem_node=getitem_node: getitem_node if n is dep else n
-            user.args = map_arg(user.args, replace)
-            user.kwargs = map_arg(user.kwargs, replace)
+            user.replace_input_with(dep, getitem_node)   # (the seed maps args and kwargs: the same, in one update)
     if output is not None and output.reads(sync_node): output.replace(sync_node, control_deps_node)
     sync_node.replace_all_uses_with(control_deps_node)
     graph.erase_node(sync_node)

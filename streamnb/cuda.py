@@ -17,17 +17,16 @@ import torch.fx
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate
 
-aten = torch.ops.aten
-
-from .graph import (GraphBuilder, StreamnbError, UnknownEventError, StreamRegistry, get_registry, get_stream,
-                            is_control_deps, streams, use_registry)
-from .simulate import Timeline
-from .streamops import OPS, current_stream_key, physical_stream
+from .graph import (StreamnbError, UnknownEventError, StreamRegistry, get_registry, get_stream,
+                            is_control_deps, use_registry)
+from .examples import matmul_chains, missing_wait_graph, side_stream_last_use
+from .simulator import Timeline
+from .streamops import current_stream_key, decode, physical_stream
 
 # %% auto #0
-__all__ = ['aten', 'FakeBackend', 'CudaBackend', 'StreamInterpreter', 'default_backend', 'run', 'measure', 'TimelineComparison',
-           'compare_timelines', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'processed',
-           'overlap_demo', 'race_demo', 'memory_demo', 'run_capture', 'measure_capture']
+__all__ = ['FakeBackend', 'CudaBackend', 'StreamInterpreter', 'default_backend', 'run', 'measure', 'TimelineComparison',
+           'compare_timelines', 'processed', 'overlap_demo', 'race_demo', 'memory_demo', 'run_capture',
+           'measure_capture']
 
 # %% ../nbs/12_cuda.ipynb #336d7804
 class FakeBackend:
@@ -140,7 +139,8 @@ class StreamInterpreter(torch.fx.Interpreter):
         arg = n.args[0]
         self.backend.record_stream(tensor, self.stream(stream), arg.name if isinstance(arg, Node) else str(arg))
 
-    HANDLERS = {op: "_" + spec.kind for op, spec in OPS.items()}   # a row of streamops.OPS -> the method `_<kind>`
+    def _fork(self, n, from_index, to_index): pass   # the host's current stream: every node names its own stream
+    def _join(self, n, from_index, to_index): pass
 
     def _control_deps(self, n, deps, subgraph, *passthrough):
         "Run the held sync with this run's streams and events; the subgraph returns `(result, *passthrough)`."
@@ -157,9 +157,11 @@ class StreamInterpreter(torch.fx.Interpreter):
             if self.device is not None:
                 args, kwargs = map_aggregate((args, kwargs), lambda x: _remap_device(x, self.device))
             if is_control_deps(n): return self._control_deps(n, *args, **kwargs)
-            if n.target in self.HANDLERS: return getattr(self, self.HANDLERS[n.target])(n, *args, **kwargs)
-            if getattr(n.target, "namespace", None) == "streams":
-                raise StreamnbError(f"node {self._where}{n.name}: the executor does not know stream op {n.target}")
+            if (op := decode(n)) is not None:   # a stream op: the method `_<kind>`, given the op's own arguments
+                handler = getattr(self, "_" + op.kind, None)
+                if handler is None:
+                    raise StreamnbError(f"node {self._where}{n.name}: the executor does not know stream op {op.kind}")
+                return handler(n, *args, **kwargs)
             if n.target is operator.getitem: return n.target(*args, **kwargs)
             return self._compute(n, args, kwargs)
 
@@ -201,7 +203,7 @@ def run(gm: GraphModule, *args, backend=None, registry: StreamRegistry | None = 
 
 # %% ../nbs/12_cuda.ipynb #c1eea3c6
 def _timeline(spans: dict, registry: StreamRegistry, peak_memory: int = 0, name: str = "measured"):
-    "A `streamnb.simulate.Timeline` holding measured spans (no memory curve: only the peak is measured)."
+    "A `streamnb.simulator.Timeline` holding measured spans (no memory curve: only the peak is measured)."
     busy: dict[int, float] = {}
     for s, a, b in spans.values(): busy[s] = busy.get(s, 0.0) + (b - a)
     return Timeline(spans=dict(spans), makespan=max((b for _, _, b in spans.values()), default=0.0), busy=busy,
@@ -265,38 +267,6 @@ def compare_timelines(measured, estimated) -> TimelineComparison:
     return TimelineComparison({n: _rel(dur(e[n]), dur(m[n])) for n in both}, {n: dur(e[n]) - dur(m[n]) for n in both},
                               _rel(estimated.makespan, measured.makespan),
                               [n for n in m if n not in e], [n for n in e if n not in m])
-
-# %% ../nbs/12_cuda.ipynb #11d7fbdb
-def matmul_chains(n: int = 1024, length: int = 16, two_streams: bool = True, dtype=torch.float32) -> GraphModule:
-    "Two independent chains `a_k = a_{k-1} @ w`, `b_k = b_{k-1} @ w`: on streams 1 and 2, or both unannotated."
-    b = GraphBuilder(shape=(n, n), dtype=dtype)
-    a, c, w = b.input("x"), b.input("y"), b.input("w")
-    for k in range(length):
-        a = b.op(aten.mm.default, a, w, stream=1 if two_streams else None, name=f"a{k}")
-        c = b.op(aten.mm.default, c, w, stream=2 if two_streams else None, name=f"b{k}")
-    return b.output(a, c)
-
-def missing_wait_graph(n: int = 4096, length: int = 8, dtype=torch.float32) -> GraphModule:
-    "Defect 1: producer `p` (a matmul chain) on stream 1; consumers `c0` on stream 0 and `c2` on stream 2."
-    b = GraphBuilder(shape=(n, n), dtype=dtype)
-    x, w = b.input("x"), b.input("w")
-    p = x
-    for k in range(length): p = b.op(aten.mm.default, p, w, stream=1, name=f"p{k}")
-    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-    return b.output(c0, c2)
-
-def side_stream_last_use(n: int = 4096, length: int = 8, dtype=torch.float32) -> GraphModule:
-    "`a` is made on stream 0 and last used on stream 1 after a chain there; stream 0 keeps allocating meanwhile."
-    b = GraphBuilder(shape=(n, n), dtype=dtype)
-    x, w = b.input("x"), b.input("w")
-    a = b.op(aten.mm.default, x, w, stream=0, name="a")
-    z = x
-    for k in range(length): z = b.op(aten.mm.default, z, w, stream=1, name=f"z{k}")
-    side = b.op(aten.mul.Tensor, z, a, stream=1, name="side")
-    c = x
-    for k in range(length): c = b.op(aten.mm.default, c, w, stream=0, name=f"c{k}")
-    return b.output(b.op(aten.add.Tensor, c, side, stream=0, name="out"))
 
 # %% ../nbs/12_cuda.ipynb #7bcc71ad
 def processed(make: Callable[[], GraphModule], *, upstream: bool = False, mechanism: str = "sync_dealloc",
@@ -392,8 +362,7 @@ def _check_no_cpu_kernels(capture):
                                     "with inputs on the device it will run on")
 
 def _has_syncs(gm: GraphModule) -> bool:
-    return any(n.op == "call_function" and (getattr(n.target, "namespace", None) == "streams" or is_control_deps(n))
-               for n in gm.graph.nodes)
+    return any(decode(n, gm) is not None for n in gm.graph.nodes)
 
 def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines: dict | None, warmup: int,
                    forward_streams: bool):

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .simulate import Timeline
+from .simulator import Timeline
 
 # %% auto #0
 __all__ = ['HOST_ROW', 'rows', 'row_label', 'time_unit', 'plot_timeline', 'plot_memory']

@@ -12,13 +12,12 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
-from .streamops import StreamOp, VectorClocks, decode, physical_stream
-from .simulate import simulate
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps
+from .streamops import StreamOp, VectorClocks, decode, is_view, physical_stream, schema_args, storages
+from .simulator import simulate
 
 # %% auto #0
-__all__ = ['HOST', 'MARK', 'is_view', 'Block', 'Access', 'DataOrder', 'SanitizerError', 'Report', 'is_kernel', 'on_kernel',
-           'on_sync', 'on_free', 'sanitize']
+__all__ = ['SanitizerError', 'Report', 'sanitize']
 
 # %% ../nbs/10_sanitizer.ipynb #f82b5c7e
 def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
@@ -31,45 +30,6 @@ def _short(n: Node) -> str:
     "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`."
     args = ", ".join(a.name if isinstance(a, Node) else repr(a) for a in n.args)
     return f"{n.name} = {_tgt(n)}({args})"
-
-# %% ../nbs/10_sanitizer.ipynb #b2932be2
-def _is_tensor_like(v) -> bool:
-    return isinstance(v, torch.Tensor)
-
-def _arg_nodes(v) -> list:
-    out = []
-    torch.fx.node.map_aggregate(v, lambda a: out.append(a) if isinstance(a, Node) else None)
-    return out
-
-def _schema_args(n: Node):
-    "Pairs (argument schema or None, the nodes passed in it) for a call."
-    t = n.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return [(None, _arg_nodes(n.args) + _arg_nodes(n.kwargs))]
-    out = []
-    for i, a in enumerate(t._schema.arguments):
-        v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
-        out.append((a, _arg_nodes(v)))
-    return out
-
-def _alias_of_output(n: Node) -> Node | None:
-    "For a view or in-place op, the argument node whose memory the output shares (`Tensor(a)` / `Tensor(a!)` returns)."
-    t = n.target
-    if not isinstance(t, torch._ops.OpOverload) or not t._schema.returns: return None
-    ret = t._schema.returns[0].alias_info
-    if ret is None: return None
-    for a, nodes in _schema_args(n):
-        if a is not None and a.alias_info is not None and a.alias_info.before_set & ret.before_set and nodes:
-            return nodes[0]
-    return None
-
-def is_view(n: Node) -> bool:
-    "True for an op that only makes a new view of its input: it touches no memory on the device (as in CSAN)."
-    t = n.target
-    if not isinstance(t, torch._ops.OpOverload): return False
-    s = t._schema
-    return (bool(s.returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns)
-            and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments))
 
 # %% ../nbs/10_sanitizer.ipynb #9aba550d
 class Block:
@@ -93,33 +53,14 @@ class Access:
     arg: str          # "argument 'self'" or "the output"
     write: bool
 
-def _storages(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
-    "Map each node to the `Block` its value lives in (a tuple for multi-output nodes); and each `Block` to its uses."
-    store: dict = {}
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "get_attr"):
-            if n.op == "placeholder" or _is_tensor_like(n.meta.get("val")): store[n] = Block(n, key(n), False)
-            continue
-        if n.op != "call_function": continue
-        if n.target is operator.getitem:
-            base, i = n.args
-            if isinstance(store.get(base), tuple) and isinstance(i, int) and i < len(store[base]) and store[base][i] is not None:
-                store[n] = store[base][i]
-            continue
-        if is_control_deps(n):   # (sync result, *passthrough): the passthroughs are the same tensors
-            store[n] = (None, *(store.get(a) if isinstance(a, Node) else None for a in n.args[2:]))
-            continue
-        if decode(n) is not None: continue
-        if (base := _alias_of_output(n)) is not None:
-            if base in store and not isinstance(store[base], tuple):
-                v = n.meta.get("val")
-                store[n] = tuple(store[base] for _ in v) if isinstance(v, (list, tuple)) else store[base]
-            continue
-        v = n.meta.get("val", None)
-        if isinstance(v, (list, tuple)):
-            store[n] = tuple(Block(n, key(n), True) if _is_tensor_like(x) else None for x in v)
-        elif v is None or _is_tensor_like(v):
-            store[n] = Block(n, key(n), True)
+def _blocks(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
+    """The alias model (`streamops.storages`) with one `Block` per storage, on the stream `key(node)` of its node: each
+    node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it."""
+    blocks: dict = {}
+    def blk(m):
+        if isinstance(m, tuple): return tuple(map(blk, m))
+        return None if m is None else blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
+    store = {n: blk(m) for n, m in storages(gm).items()}
     uses: dict = {}
     for n, t in store.items():
         if isinstance(t, Block): uses.setdefault(t, set()).update(n.users)
@@ -161,8 +102,9 @@ class SanitizerError:
     severity: str = "error"       # "error" or "warning"
     start: float | None = None    # a stall: when its stream reached the sync (the estimate's unit) ...
     end: float | None = None      # ... and when the event it waits for was done
+    pair: tuple | None = None     # reorderable: (record, wait) node names of the sync pair whose link is missing
     @property
-    def idle(self) -> float | None:
+    def duration(self) -> float | None:
         "How long a stall holds its stream (None for other findings)."
         return None if self.start is None else self.end - self.start
     def __str__(self): return self.message
@@ -208,7 +150,7 @@ def _sync_name(n: Node) -> str:
     op = decode(n)
     return f"{n.name} ({op.kind}{tuple(a for a in op.args if not isinstance(a, Node))})" if op else n.name
 
-def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> str:
+def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> tuple[str, tuple | None]:
     """Why the data edges do not order `prev` before stream `s`'s work at the `later` nodes: the sync pair program order
     relies on (the last wait on `s` before them whose record on `prev`'s stream follows `prev`) and its first missing link."""
     do, pos = san.do, san.pos
@@ -217,13 +159,14 @@ def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> str:
     cands = sorted(reversed(san.waits), key=lambda w: (decode(w[0]).kind == "sync_dealloc") != free)
     for w, ws, r in cands:
         if pos[w] > end or ws != s or r is None or san.recorded_on.get(r) != prev.stream or pos[r] < pos[prev.node]: continue
+        pair = (r.name, w.name)
         if not do.snap[r] & do.bit[prev.node]:
-            return f"{_sync_name(r)} does not depend on {prev.node.name} through data edges: the record may be hoisted above it"
+            return f"{_sync_name(r)} does not depend on {prev.node.name} through data edges: the record may be hoisted above it", pair
         if not do.is_ancestor(r, do.after[w]):
-            return f"{_sync_name(w)} does not depend on its record {_sync_name(r)}: it may be hoisted above the record"
+            return f"{_sync_name(w)} does not depend on its record {_sync_name(r)}: it may be hoisted above the record", pair
         return (f"no later use depends on {_sync_name(w)} ({', '.join(n.name for n in later)}): "
-                f"they may be hoisted above the wait")
-    return "no record/wait pair orders them along data edges"
+                f"they may be hoisted above the wait"), pair
+    return "no record/wait pair orders them along data edges", None
 
 def _reorder_msg(t: Block, acc: Access, prev: Access, what: str, why: str) -> str:
     return (f"streamnb: {what} on tensor {t.name} is ordered in program order but not along data edges\n"
@@ -242,8 +185,9 @@ class _Sanitizer:
     "One walk over the graph in program order; the state of both models and the report."
     def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry):
         self.gm, self.registry = gm, registry
-        self.key = lambda n: physical_stream(get_stream(n), registry)
-        self.store, self.uses = _storages(gm, self.key)
+        self.stream = lambda i: physical_stream(i, registry)    # a stream index -> the physical stream
+        self.key = lambda n: self.stream(get_stream(n))         # a node -> its physical stream
+        self.store, self.uses = _blocks(gm, self.key)
         self.nodes = list(gm.graph.nodes)
         pos = {n: i for i, n in enumerate(self.nodes)}
         self.frees: dict = {}        # node -> tensors freed right after it (graph inputs and outputs are never freed)
@@ -286,7 +230,7 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
     s = san.key(n)
     seq = san.vc.launch(s)
     accesses = []
-    for a, nodes in _schema_args(n):
+    for a, nodes in schema_args(n):
         for m in nodes:
             t = san.store.get(m)
             if isinstance(t, Block):
@@ -303,8 +247,8 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
             if not san.vc.ordered(p, s):
                 san.flag("race", t, (n, p.node), (s, p.stream), _race_msg(t, acc, p))
             elif san.do is not None and not san.do.ordered(p, s, st):
-                san.flag("reorderable", t, (n, p.node), (s, p.stream),
-                         _reorder_msg(t, acc, p, what, _missing_link(san, p, [n], s)))
+                why, pair = _missing_link(san, p, [n], s)
+                san.flag("reorderable", t, (n, p.node), (s, p.stream), _reorder_msg(t, acc, p, what, why), pair=pair)
         if acc.write: t.last_write, t.reads = acc, []
         else: t.reads.append(acc)
         t.last_use[s] = acc
@@ -316,48 +260,66 @@ def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
              f"streamnb: {n.name} waits on event {e}, which no record_event before it records.\n"
              f"CUDA treats an event that was never recorded as complete, so the wait orders nothing.")
 
+def _data_wait(san: _Sanitizer, e, s, st: dict | None) -> None:
+    "The data-edge model: only a wait that depends on its record applies the record's snapshot."
+    r, do = san.records.get(e), san.do
+    if do is not None and r is not None and do.is_ancestor(r, st): st[s] = st.get(s, 0) | do.snap[r]
+
+def _data_host(san: _Sanitizer, bits: int, st: dict | None) -> None:
+    if san.do is not None: st[HOST] = st.get(HOST, 0) | bits
+
+def _record_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    e, s = op.event, san.stream(op.stream)
+    san.vc.record(e, s)
+    if san.do is not None: san.do.snap[n] = san.do.get(st, s)
+    san.records[e] = n; san.recorded_on[n] = s
+
+def _wait_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    "wait_event, and sync_dealloc, which also holds its tensor."
+    e, s = op.event, san.stream(op.stream)
+    if not san.vc.wait(e, s): _no_record(san, n, e, s)
+    san.waits.append((n, s, san.records.get(e)))
+    _data_wait(san, e, s, st)
+    if op.kind == "sync_dealloc" and isinstance(t := san.store.get(op.tensor), Block): t.sync_deallocs.append(n)
+
+def _record_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    if isinstance(t := san.store.get(op.tensor), Block): t.record_streams.add(san.stream(op.stream))
+
+def _wait_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    a, b = san.stream(op.streams[0]), san.stream(op.streams[1])
+    san.vc.wait_stream(a, b)
+    if san.do is not None: st[a] = st.get(a, 0) | san.do.get(st, b)
+
+def _synchronize_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    e = op.event
+    if not san.vc.sync_event(e): _no_record(san, n, e, HOST)
+    r = san.records.get(e)
+    if san.do is not None and r is not None and san.do.is_ancestor(r, st): _data_host(san, san.do.snap[r], st)
+
+def _synchronize_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    s = san.stream(op.stream)
+    san.vc.sync_stream(s)
+    if san.do is not None: _data_host(san, san.do.get(st, s), st)
+
+def _synchronize_device(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
+    san.vc.sync_device()
+    if san.do is not None:
+        bits = 0
+        for v in st.values(): bits |= v
+        _data_host(san, bits, st)
+
+_ON_SYNC = {   # the sanitizer's column of the stream-ops table: kind -> (sanitizer, node, decoded op, data-edge state)
+    "record_event": _record_event, "wait_event": _wait_event, "sync_dealloc": _wait_event,
+    "record_stream": _record_stream, "wait_stream": _wait_stream, "synchronize_event": _synchronize_event,
+    "synchronize_stream": _synchronize_stream, "synchronize_device": _synchronize_device,
+    "fork": lambda san, n, op, st: None, "join": lambda san, n, op, st: None,   # they order nothing on the device
+}
+
 def on_sync(san: _Sanitizer, n: Node, op: StreamOp, st: dict | None) -> None:
     "Stream ops move the clocks: record snapshots, wait joins, host syncs join everything; sync_dealloc and record_stream also hold memory."
-    key = lambda i: physical_stream(i, san.registry)
-    vc, do, k = san.vc, san.do, op.kind
-    if do is not None: do.mark(n, st)
-    def data_wait(e, s):   # the data-edge model: only a wait that depends on its record applies the record's snapshot
-        r = san.records.get(e)
-        if do is not None and r is not None and do.is_ancestor(r, st): st[s] = st.get(s, 0) | do.snap[r]
-    def data_host(bits):
-        if do is not None: st[HOST] = st.get(HOST, 0) | bits
-    if k == "record_event":
-        e, s = op.event, key(op.stream)
-        vc.record(e, s)
-        if do is not None: do.snap[n] = do.get(st, s)
-        san.records[e] = n; san.recorded_on[n] = s
-    elif k in ("wait_event", "sync_dealloc"):
-        e, s = op.event, key(op.stream)
-        if not vc.wait(e, s): _no_record(san, n, e, s)
-        san.waits.append((n, s, san.records.get(e)))
-        data_wait(e, s)
-        if k == "sync_dealloc" and isinstance(t := san.store.get(op.tensor), Block): t.sync_deallocs.append(n)
-    elif k == "record_stream":
-        if isinstance(t := san.store.get(op.tensor), Block): t.record_streams.add(key(op.stream))
-    elif k == "wait_stream":
-        a, b = key(op.streams[0]), key(op.streams[1])
-        vc.wait_stream(a, b)
-        if do is not None: st[a] = st.get(a, 0) | do.get(st, b)
-    elif k == "synchronize_event":
-        e = op.event
-        if not vc.sync_event(e): _no_record(san, n, e, HOST)
-        r = san.records.get(e)
-        if do is not None and r is not None and do.is_ancestor(r, st): data_host(do.snap[r])
-    elif k == "synchronize_stream":
-        vc.sync_stream(key(op.stream))
-        if do is not None: data_host(do.get(st, key(op.stream)))
-    elif k == "synchronize_device":
-        vc.sync_device()
-        if do is not None:
-            bits = 0
-            for v in st.values(): bits |= v
-            data_host(bits)
-    else: raise StreamnbError(f"node {n.name}: the sanitizer does not know stream op {k}")
+    if san.do is not None: san.do.mark(n, st)
+    if op.kind not in _ON_SYNC: raise StreamnbError(f"node {n.name}: the sanitizer does not know stream op {op.kind}")
+    _ON_SYNC[op.kind](san, n, op, st)
 
 # %% ../nbs/10_sanitizer.ipynb #5b4de9e2
 def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
@@ -372,8 +334,8 @@ def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
             for u in san.uses[t]:
                 for k, v in san.do.after[u].items(): stA[k] = stA.get(k, 0) | v
             if not san.do.ordered(acc, A, stA):
-                san.flag("reorderable", t, (acc.node, n), (B, A),
-                         _reorder_free_msg(t, n, acc, _missing_link(san, acc, list(san.uses[t]), A, free=True)))
+                why, pair = _missing_link(san, acc, list(san.uses[t]), A, free=True)
+                san.flag("reorderable", t, (acc.node, n), (B, A), _reorder_free_msg(t, n, acc, why), pair=pair)
     if t.record_streams and t.sync_deallocs:
         san.flag("redundant_free", t, (t.sync_deallocs[0],), (A,),
                  f"streamnb warning: tensor {t.name} is kept alive by both record_stream (for "
@@ -401,7 +363,7 @@ def _stalls(san: _Sanitizer, estimate: Callable[[Node], float], tol: float = 1e-
     for w in tl.waits:
         if w.op != "sync_dealloc" or w.duration <= tol: continue
         n = by_name[w.node]; op = decode(n, san.gm)
-        s, t = physical_stream(op.stream, san.registry), san.store.get(op.tensor)
+        s, t = san.stream(op.stream), san.store.get(op.tensor)
         san.flag("stall", t if isinstance(t, Block) else None, (n,), (s,),
                  f"streamnb warning: {n.name} makes {_sname(s)} idle for an estimated {w.duration:.3g} "
                  f"(from {w.start:.3g} to {w.end:.3g}) only to free {getattr(t, 'name', '?')}: the side stream is not "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .simulate import Timeline
+from .simulator import Timeline
 
 SYNC_TID_OFFSET = 1_000_000
 HOST_TID = 2_000_000

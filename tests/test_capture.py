@@ -1,4 +1,4 @@
-"""streamnb.capture: real models -> joint graph before the stream passes -> processed, partitioned, run on the CPU."""
+"""streamnb.capturing: real models -> joint graph before the stream passes -> processed, partitioned, run on the CPU."""
 import functools
 import operator
 import warnings
@@ -8,11 +8,13 @@ import torch
 import torch.nn as nn
 from torch.testing import assert_close
 
-from streamnb.capture import (AnnotationError, Capture, CaptureError, NoGradError, PartitionError, RunResult,
-                              TraceError, capture, eager, forward_deps_of_backward_syncs, run_graph)
-from streamnb.graph import (STREAM_OPS, StreamAnnotationError, StreamnbError, canonical, get_stream, is_control_deps,
-                            streams, sync_target)
-from models import MODELS, STREAM_MODELS, NoStreams, make_model, two_stream_fn
+from streamnb.capturing import (AnnotationError, Capture, CaptureError, NoGradError, PartitionError, RunResult,
+                                TraceError, capture, eager, forward_deps_of_backward_syncs, run_graph)
+from streamnb.examples import MODELS, STREAM_MODELS, NoStreams, make_model, two_stream_fn
+from streamnb.graph import StreamAnnotationError, StreamnbError, canonical, get_stream, is_control_deps
+from streamnb.streamops import decode
+
+streams = torch.ops.streams
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -48,7 +50,7 @@ def value_of(n):
 
 
 def stream_ops(gm):
-    return [n for n in gm.graph.nodes if is_control_deps(n) or n.target in STREAM_OPS]
+    return [n for n in gm.graph.nodes if decode(n, gm) is not None]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -298,7 +300,7 @@ def test_meta_inputs_capture_but_do_not_run():
     cap = capture(two_stream_fn, x, w)
     assert cap.streams == {1, 2}
     bw = cap.process().backward
-    assert any(sync_target(n, bw) is streams.wait_event.default for n in stream_ops(bw))
+    assert any(decode(n, bw).kind == "wait_event" for n in stream_ops(bw))
     with pytest.raises(CaptureError, match="CPU tensor"): cap.run(x, w)
 
 

@@ -10,10 +10,10 @@ import torch
 from torch.fx import GraphModule
 
 from streamnb.graph import GraphBuilder, StreamRegistry, StreamnbError, UnknownEventError, streams, use_registry
-from streamnb.simulate import Timeline
-from streamnb.cuda import (FakeBackend, StreamInterpreter, compare_timelines, matmul_chains, measure, measure_capture,
-                           memory_demo, missing_wait_graph, overlap_demo, processed, race_demo, run, run_capture,
-                           side_stream_last_use)
+from streamnb.simulator import Timeline
+from streamnb.cuda import (FakeBackend, StreamInterpreter, compare_timelines, measure, measure_capture, memory_demo,
+                           overlap_demo, processed, race_demo, run, run_capture)
+from streamnb.examples import make_model, matmul_chains, missing_wait_graph, side_stream_last_use
 
 aten = torch.ops.aten
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -58,12 +58,21 @@ def test_unrecorded_event_is_an_error_naming_the_node():
         run(gm, torch.ones(2), backend=FakeBackend())
 
 
-def test_unknown_stream_op_is_refused():
+def test_unknown_stream_op_is_refused(monkeypatch):
+    "A stream op without a row in streamops.OPS is refused by name; with a row whose kind has no `_<kind>` method too."
+    from streamnb.streamops import OPS, OpSpec
     b = GraphBuilder()
     x = b.input("x")
     b.sync(streams.fork.default, 0, 1)
     gm = b.output(b.op(aten.neg.default, x))
-    with pytest.raises(StreamnbError, match="node fork_default: the executor does not know"):
+    log = FakeBackend()
+    run(gm, torch.ones(2), backend=log)                       # fork: the host's current stream, nothing to do
+    assert [t[0] for t in log.log] == ["record", "run"]
+    monkeypatch.setitem(OPS, streams.fork.default, OpSpec("teleport"))
+    with pytest.raises(StreamnbError, match="node fork_default: the executor does not know stream op teleport"):
+        run(gm, torch.ones(2), backend=FakeBackend())
+    monkeypatch.delitem(OPS, streams.fork.default)
+    with pytest.raises(StreamnbError, match="node fork_default: unknown stream op"):
         run(gm, torch.ones(2), backend=FakeBackend())
 
 
@@ -249,8 +258,7 @@ def _captured(name, upstream=False, math_sdpa=True):
     "A processed capture; `math_sdpa`: trace attention as plain matmuls (a CPU trace otherwise holds CPU-only kernels)."
     from contextlib import nullcontext
     from torch.nn.attention import sdpa_kernel, SDPBackend
-    from models import make_model
-    from streamnb.capture import capture
+    from streamnb.capturing import capture
     model, inputs = make_model(name)
     with sdpa_kernel(SDPBackend.MATH) if math_sdpa else nullcontext():
         return capture(model, *inputs).process(upstream=upstream), inputs

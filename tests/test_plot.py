@@ -8,7 +8,7 @@ import torch
 
 from streamnb.graph import GraphBuilder, streams
 from streamnb.plot import plot_memory, plot_timeline
-from streamnb.simulate import simulate
+from streamnb.simulator import simulate
 
 aten = torch.ops.aten
 REC, WAIT = streams.record_event.default, streams.wait_event.default

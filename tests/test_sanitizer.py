@@ -217,7 +217,7 @@ def test_stall_warning_with_estimates():
     rep = sanitize(g(False), estimate=est)
     assert rep.ok and rep.kinds == ["stall"]
     w = rep.warnings[0]
-    assert (w.start, w.end, w.idle) == (1.0, 3.5, 2.5)    # stream 0 reaches the free after mul, the mm ends at 3.5
+    assert (w.start, w.end, w.duration) == (1.0, 3.5, 2.5)    # stream 0 reaches the free after mul, the mm ends at 3.5
     assert sanitize(g(True), estimate=est).kinds == []
     assert sanitize(g(False)).kinds == []       # no estimate, no timing claims
 
@@ -325,7 +325,7 @@ def test_seed_defect_3_stall_is_larger():
     def stall(gm):
         rep = sanitize(gm, estimate=get_roofline_estimate)
         assert rep.ok
-        return sum(w.idle for w in rep.warnings if w.kind == "stall")
+        return sum(w.duration for w in rep.warnings if w.kind == "stall")
     assert stall(pipeline(long_side_use(), "dealloc")) > 5 * stall(pipeline(long_side_use()))
 
 
@@ -342,7 +342,7 @@ def test_pytorch_passes_on_hand_graphs():
 
 def test_pytorch_joint_graph():
     import oracle
-    from models import two_stream_fn
+    from streamnb.examples import two_stream_fn
     made = []
     class Logged(oracle.Counter):   # to learn which indices torch handed out for "the current stream"
         def __init__(self, *a, **k): super().__init__(*a, **k); made.append(self)

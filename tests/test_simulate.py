@@ -1,4 +1,4 @@
-"""Tests of streamnb.simulate: exact hand-computed timelines, and properties over generated multi-stream graphs."""
+"""Tests of streamnb.simulator: exact hand-computed timelines, and properties over generated multi-stream graphs."""
 import operator
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, streams, use_registry
-from streamnb.simulate import Lifetime, simulate
+from streamnb.simulator import Lifetime, simulate
 
 aten = torch.ops.aten
 REC, WAIT = streams.record_event.default, streams.wait_event.default

@@ -1,13 +1,22 @@
-"""The one decoding of stream ops (`streamops.decode`) and the one current-stream mapping: every op bare and wrapped in
-control_deps, unknown ops refused, and every consumer (simulator, sanitizer, CUDA executor, CPU capture) covering
-every row of the table."""
+"""The one stream model (`streamops`): the decoding of every stream op, bare and wrapped in control_deps; unknown ops
+refused; every consumer (simulator, sanitizer, CUDA executor, CPU capture) covering every kind of the table; adding
+an op is one row; the one current-stream mapping, the one happens-before model and the one alias model, shared by the
+simulator and the sanitizer."""
+import ast
+import inspect
+import re
+from types import SimpleNamespace as K
+
 import pytest
 import torch
 from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node, control_deps
 
 from streamnb import streamops
-from streamnb.graph import STREAM_OPS, GraphBuilder, StreamnbError, StreamRegistry, aten, streams
-from streamnb.streamops import OPS, current_stream_key, decode, physical_stream
+from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry
+from streamnb.streamops import (OPS, OpSpec, Storage, VectorClocks, current_stream_key, decode, owner,
+                                physical_stream, storages)
+
+aten, streams = torch.ops.aten, torch.ops.streams
 
 # op -> (args after the tensor is built, expected (kind, event, streams, is-tensor-arg))
 CASES = {
@@ -19,13 +28,18 @@ CASES = {
     streams.synchronize_event.default: (lambda y: (7,), ("synchronize_event", 7, (), False)),
     streams.synchronize_stream.default: (lambda y: (1,), ("synchronize_stream", None, (1,), False)),
     streams.synchronize_device.default: (lambda y: ("cuda", 0), ("synchronize_device", None, (), False)),
+    streams.fork.default: (lambda y: (0, 1), ("fork", None, (0, 1), False)),
+    streams.join.default: (lambda y: (1, 0), ("join", None, (1, 0), False)),
 }
 
 
-def one_op(op, wrap):
+def one_op(op, wrap, args=None):
+    "x -> y = x * 2 on stream 1, then the stream op `op`; `wrap`: inside control_deps, as the wrapping pass leaves it."
     b = GraphBuilder(); x = b.input("x")
     y = b.op(aten.mul.Tensor, x, 2.0, stream=1)
-    s = b.sync(op, *CASES[op][0](y))
+    if op in CASES and CASES[op][1][1] is not None and op is not streams.record_event.default:
+        b.sync(streams.record_event.default, CASES[op][1][1], 1)   # an event is recorded before it is waited on
+    s = b.sync(op, *(args if args is not None else CASES[op][0](y)))
     gm = b.output(y)
     if wrap:   # as the wrapping pass does: the op in a subgraph, its node operands passed to control_deps
         g = gm.graph
@@ -36,8 +50,10 @@ def one_op(op, wrap):
     return gm, y, s
 
 
-def test_table_covers_the_stream_ops():
-    assert set(OPS) == set(STREAM_OPS) == set(CASES)
+def test_table_covers_every_registered_stream_op():
+    registered = {n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("streams::")}
+    assert {spec.kind for spec in OPS.values()} == registered
+    assert set(OPS) == set(CASES)
 
 
 @pytest.mark.parametrize("wrap", [False, True])
@@ -50,38 +66,109 @@ def test_decode_every_op(op, wrap):
     assert d.tensor is (y if has_tensor else None)   # wrapped: the outer operand, not the subgraph's placeholder
     assert d.stream == (strs[0] if strs else None)
     assert d.host == kind.startswith("synchronize")
+    assert (d.call is s) if not wrap else (d.call.target is op and d.call.graph is gm.sub.graph)
     assert decode(y) is None and decode(next(iter(gm.graph.nodes))) is None
 
 
 def test_unknown_stream_op_is_refused(monkeypatch):
     gm, y, s = one_op(streams.wait_stream.default, False)
     monkeypatch.delitem(OPS, streams.wait_stream.default)
-    with pytest.raises(StreamnbError, match=s.name):
+    with pytest.raises(StreamnbError, match=f"node {s.name}: unknown stream op"):
         decode(s)
 
 
-def test_every_consumer_handles_every_kind():
-    from streamnb.simulate import _ON_SYNC
+def consumers():
+    "Each consumer's handlers by kind."
     from streamnb.cuda import StreamInterpreter
-    from streamnb.sanitizer import sanitize
+    from streamnb.sanitizer import _ON_SYNC as san
+    from streamnb.simulator import _ON_SYNC as sim
+    return {"simulator": set(sim), "sanitizer": set(san),
+            "executor": {k for k in {s.kind for s in OPS.values()} | set(sim) if hasattr(StreamInterpreter, "_" + k)}}
+
+
+def test_every_consumer_handles_every_kind():
     kinds = {spec.kind for spec in OPS.values()}
-    assert set(_ON_SYNC) == kinds
-    assert all(hasattr(StreamInterpreter, m) for m in StreamInterpreter.HANDLERS.values())
-    assert set(StreamInterpreter.HANDLERS) == set(OPS)
-    for op in CASES:   # the sanitizer and the simulator accept each op, bare and wrapped
+    for name, handled in consumers().items(): assert kinds <= handled, (name, kinds - handled)
+    for op in CASES:   # the sanitizer, the simulator and the executors accept each op, bare and wrapped
         for wrap in (False, True):
             gm, _, _ = one_op(op, wrap)
-            sanitize(gm, registry=StreamRegistry(current_stream=0))
+            run_everywhere(gm)
 
 
-def test_cpu_capture_skips_every_op():
-    from streamnb.capture import run_graph
-    for op in CASES:
-        for wrap in (False, True):
-            gm, _, _ = one_op(op, wrap)
-            x = torch.randn(4, 4)
-            (out,) = run_graph(gm, x)
-            torch.testing.assert_close(out, x * 2)
+def run_everywhere(gm, expect=lambda x: x * 2):
+    "Simulate, sanitize, run on the fake CUDA backend and on the CPU interpreter; the outputs of the two runs."
+    from streamnb.capturing import run_graph
+    from streamnb.cuda import FakeBackend, run
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    reg = StreamRegistry(current_stream=0)
+    tl = simulate(gm, cost=lambda n: 1.0, registry=reg)
+    rep = sanitize(gm, registry=reg)
+    fake = FakeBackend()
+    x = torch.randn(4, 4)
+    with torch.no_grad(): (a,) = run(gm, x, backend=fake, registry=reg)
+    (b,) = run_graph(gm, x)
+    torch.testing.assert_close(a, expect(x)); torch.testing.assert_close(b, expect(x))
+    return tl, rep, fake.log
+
+
+@torch.library.custom_op("streamnb_test::signal", mutates_args=())
+def _signal(event_index: int, stream_index: int) -> None:
+    "A stream op of our own: records an event, as `streams.record_event` does."
+
+
+def test_adding_a_stream_op_is_one_row(monkeypatch):
+    """A new op whose meaning is an existing kind needs one row in `OPS` and nothing else: the simulator, the sanitizer,
+    the CUDA executor and the CPU interpreter all treat `signal(e, s)` as `record_event(e, s)`."""
+    signal = torch.ops.streamnb_test.signal.default
+
+    def graph(rec_op):
+        b = GraphBuilder(); x = b.input("x")
+        m = b.op(aten.mul.Tensor, x, 2.0, stream=1)
+        b.sync(rec_op, 5, 1)
+        b.sync(streams.wait_event.default, 5, 0)
+        return b.output(b.op(aten.add.Tensor, m, x, stream=0))
+
+    tl_ref, rep_ref, log_ref = run_everywhere(graph(streams.record_event.default), lambda x: x * 3)
+    assert decode(next(n for n in graph(signal).graph.nodes if n.target is signal)) is None   # no row: just a kernel
+    monkeypatch.setitem(OPS, signal, OpSpec("record_event", event=0, streams=(1,)))
+    tl, rep, log = run_everywhere(graph(signal), lambda x: x * 3)
+    assert (tl.spans, tl.makespan, [w.duration for w in tl.waits]) == (tl_ref.spans, tl_ref.makespan, [1.0])
+    assert rep.kinds == rep_ref.kinds == ["unsafe_reuse"]   # mul, made on 1, is freed after its use on 0: no race
+    assert log == log_ref   # the executor records event 5 on stream 1 for it
+    assert tl.unordered_reads == []
+
+
+def test_a_new_kind_needs_a_handler_in_each_consumer(monkeypatch):
+    "A row with a kind nobody handles is refused by every consumer, naming the node."
+    from streamnb.cuda import FakeBackend, run
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    monkeypatch.setitem(OPS, streams.fork.default, OpSpec("teleport", streams=(0, 1)))
+    gm, _, s = one_op(streams.fork.default, False)
+    reg = StreamRegistry(current_stream=0)
+    with pytest.raises(StreamnbError, match=f"node {s.name}: the simulator does not know teleport"):
+        simulate(gm, cost=lambda n: 1.0, registry=reg)
+    with pytest.raises(StreamnbError, match=f"node {s.name}: the sanitizer does not know stream op teleport"):
+        sanitize(gm, registry=reg)
+    with pytest.raises(StreamnbError, match=f"node {s.name}: the executor does not know stream op teleport"):
+        run(gm, torch.ones(2), backend=FakeBackend(), registry=reg)
+
+
+def test_consumers_decode_only_through_streamops():
+    "No consumer module tests stream-op targets by hand: no `streams.` attribute, no `namespace` test."
+    import streamnb.capturing, streamnb.cuda, streamnb.explainer, streamnb.sanitizer, streamnb.simulator
+    for mod in (streamnb.simulator, streamnb.sanitizer, streamnb.cuda, streamnb.capturing, streamnb.explainer):
+        src = inspect.getsource(mod)
+        assert not re.search(r"(?<![\w.])streams\.\w+\.default|ops\.streams|namespace", src), mod.__name__
+        assert "sync_target" not in src and "STREAM_OPS" not in src and "is_stream_op" not in src, mod.__name__
+
+
+def test_sanitizer_never_imports_the_passes():
+    import streamnb.sanitizer
+    mods = {n.module for n in ast.walk(ast.parse(inspect.getsource(streamnb.sanitizer))) if isinstance(n, ast.ImportFrom)}
+    passes = {"assign", "syncs", "dealloc", "control_deps", "metadata", "pipeline"}
+    assert not {m for m in mods if m and m.split(".")[-1] in passes}
 
 
 def test_current_stream_mapping():
@@ -96,7 +183,7 @@ def test_current_stream_mapping():
 def test_simulator_and_sanitizer_agree_on_the_current_stream():
     "An unannotated producer read on the registry's current-stream index: one stream for both, no race, no wait."
     from streamnb.sanitizer import sanitize
-    from streamnb.simulate import simulate
+    from streamnb.simulator import simulate
     r = StreamRegistry(start=10); cur = r.get_current_stream("cuda")
     b = GraphBuilder(); x = b.input("x")
     m = b.op(aten.mul.Tensor, x, x)                     # None: the current stream
@@ -108,20 +195,18 @@ def test_simulator_and_sanitizer_agree_on_the_current_stream():
 
 
 def test_streamops_imports_only_graph():
-    import ast, inspect
     mods = {n.module for n in ast.walk(ast.parse(inspect.getsource(streamops))) if isinstance(n, ast.ImportFrom)}
-    assert not {m for m in mods if m and m.lstrip(".").split(".")[0] not in ("__future__", "dataclasses", "typing", "torch", "graph")}
+    assert not {m for m in mods if m and m.lstrip(".").split(".")[-1] not in ("__future__", "dataclasses", "typing", "fx", "graph")}
     assert streamops.__all__ == [n for n in streamops.__all__ if not n.startswith("_")]
 
 
 def test_vector_clocks():
     "record snapshots (a later launch is not in the snapshot), wait joins, wait_stream joins, host syncs reach every stream."
-    from types import SimpleNamespace as K
-    from streamnb.streamops import VectorClocks
     vc = VectorClocks()
     a = vc.launch(1); vc.record("e", 1); b = vc.launch(1)
     assert vc.wait("e", 0)
     assert vc.ordered(K(seq=a, stream=1), 0) and not vc.ordered(K(seq=b, stream=1), 0)
+    assert vc.known(1, a, 0) and not vc.known(1, b, 0)
     assert not vc.wait("f", 0)                                 # never recorded: orders nothing
     vc.wait_stream(0, 1); assert vc.ordered(K(seq=b, stream=1), 0)
     c = vc.launch(2)
@@ -130,3 +215,61 @@ def test_vector_clocks():
     assert vc.ordered(K(seq=c, stream=2), 3) and vc.ordered(K(seq=c, stream=2), 0)   # ... so every stream is after it
     d = vc.launch(4); vc.record("g", 4); vc.sync_event("g")
     assert vc.ordered(K(seq=d, stream=4), 1)
+
+
+def test_simulator_and_sanitizer_share_the_clocks(monkeypatch):
+    "Both walk with `streamops.VectorClocks`: counting its launches counts both walks' kernels."
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    launched = []
+    orig = VectorClocks.launch
+    monkeypatch.setattr(VectorClocks, "launch", lambda self, s: launched.append(s) or orig(self, s))
+    gm, _, _ = one_op(streams.record_event.default, False)
+    simulate(gm, cost=lambda n: 1.0); assert launched == [1]
+    sanitize(gm, registry=StreamRegistry(current_stream=0)); assert launched == [1, 1]
+
+
+def test_one_alias_model():
+    "Views, in-place ops, getitems and control_deps passthroughs share blocks; the simulator and the sanitizer read it."
+    b = GraphBuilder(); x = b.input("x")
+    y = b.op(aten.mul.Tensor, x, 2.0, stream=1)
+    v = b.op(aten.view.default, y, [-1], stream=1)
+    w = b.op(aten.add_.Tensor, y, 1.0, stream=1)
+    gm = b.output(w)
+    mem = storages(gm)
+    assert mem[v] == mem[w] == mem[y] == Storage(y) and mem[x] == Storage(x)
+    assert not mem[x].owned and mem[y].owned
+    assert [owner(mem, n) for n in (x, y, v, w)] == [x, y, y, y]
+    gm2, y2, c = one_op(streams.sync_dealloc.default, True)
+    mem2 = storages(gm2)
+    assert mem2[c] == (None, Storage(y2)) and owner(mem2, c) is None
+    from streamnb.simulator import simulate
+    tl = simulate(gm, cost=lambda n: 1.0)
+    assert set(tl.lifetimes) == {"x", "mul"}   # the view and the in-place add allocate nothing
+
+
+def test_alias_model_through_control_deps_of_a_multi_output_node():
+    "A control_deps passthrough of a node with two outputs: its getitems are that node's blocks, for both models."
+    import operator
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    b = GraphBuilder(); x = b.input("x")
+    vm = b.op(aten.var_mean.correction, x, [0], stream=1)
+    b.sync(streams.record_event.default, 3, 1)
+    s = b.sync(streams.wait_event.default, 3, 0)
+    gm = b.output(x)
+    g = gm.graph
+    gm.sub = _create_subgraph_for_node(g, s, [vm])
+    with g.inserting_before(s):
+        c = g.call_function(control_deps, ((vm,), g.get_attr("sub"), vm))
+        passed = g.call_function(operator.getitem, (c, 1))            # vm, passed through the wait
+        v0 = g.call_function(operator.getitem, (passed, 0))
+        out = g.call_function(aten.add.Tensor, (v0, x)); out.meta["custom"] = {"stream": 0}
+    g.erase_node(s); g.output_node().args = ((out,),); gm.recompile()
+    mem = storages(gm)
+    assert mem[c] == (None, (Storage(vm, 0), Storage(vm, 1))) and mem[v0] == Storage(vm, 0)
+    assert owner(mem, passed) is vm and owner(mem, c) is None and owner(mem, v0) is vm
+    reg = StreamRegistry(current_stream=0)
+    tl = simulate(gm, cost=lambda n: 1.0, registry=reg)
+    assert tl.unordered_reads == [] and set(tl.lifetimes) == {"x", "var_mean", out.name}
+    assert sanitize(gm, registry=reg).kinds == ["unsafe_reuse"]   # var_mean's block goes back to stream 1 unsynced

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from streamnb.graph import GraphBuilder, streams
-from streamnb.simulate import simulate
+from streamnb.simulator import simulate
 from streamnb.trace import HOST_TID, SYNC_TID_OFFSET, check_no_overlap, to_chrome_trace, write_chrome_trace
 
 aten = torch.ops.aten
@@ -117,7 +117,7 @@ def test_write_chrome_trace_merges_timelines(tmp_path):
 
 def test_back_to_back_spans_do_not_overlap_after_rounding():
     # round(start) + round(dur) can exceed round(end) by 1 ns: durations come from the rounded ends instead
-    from streamnb.simulate import Timeline
+    from streamnb.simulator import Timeline
     tl = Timeline(spans={"a": (1, 0.0004716, 0.0011404), "b": (1, 0.0011404, 0.002)}, makespan=0.002, streams=[1])
     ev = {e["name"]: e for e in to_chrome_trace(tl)["traceEvents"] if e.get("ph") == "X"}
     assert ev["a"]["ts"] == 0.472 and ev["b"]["ts"] == 1.14

@@ -15,43 +15,16 @@ import torch
 import torch.nn as nn
 from torch.fx import GraphModule
 
-from .capture import Capture, PartitionError, capture
+from .capturing import Capture, PartitionError, capture
 from .graph import StreamRegistry, use_registry
 from .streamops import decode
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize
-from .simulate import Timeline, simulate
+from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['on_stream', 'TransformerBlock', 'transformer_block_example', 'ModeResult', 'count_syncs', 'Explanation', 'explain',
-           'show_explanation']
-
-# %% ../nbs/13_explain.ipynb #5b61f8b6
-def on_stream(i: int):
-    "Mark a region as running on stream `i` (AOTAutograd carries the annotation to its backward nodes)."
-    return torch.fx.traceback.annotate({"stream": i})
-
-class TransformerBlock(nn.Module):
-    "Pre-norm transformer block: attention on stream 1, the MLP on stream 2; the residual joins them on stream 0."
-    def __init__(self, d: int = 256, heads: int = 4, hidden: int = 1024):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
-
-    def forward(self, x):
-        with on_stream(1):
-            h = self.ln1(x)
-            a, _ = self.attn(h, h, h, need_weights=False)
-        x = x + a
-        with on_stream(2): m = self.mlp(self.ln2(x))
-        return x + m
-
-def transformer_block_example(seed: int = 0, batch: int = 4, seq: int = 64, d: int = 256):
-    "A seeded `TransformerBlock` and its example input `(x,)`, which requires grad."
-    torch.manual_seed(seed)
-    return TransformerBlock(d), (torch.randn(batch, seq, d, requires_grad=True),)
+__all__ = ['ModeResult', 'count_syncs', 'Explanation', 'explain', 'show_explanation']
 
 # %% ../nbs/13_explain.ipynb #7881a002
 @dataclass

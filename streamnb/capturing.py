@@ -19,9 +19,10 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .graph import (StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream,
-                            is_bwd_node, is_control_deps, describe)
-from .streamops import OPS, decode
+from .graph import (PIPELINE_ORDER, StreamnbError, StreamAnnotationError, StreamRegistry, use_registry,
+                            get_stream, is_bwd_node, is_control_deps, describe)
+from .metadata import populate_fw_metadata_with_stream_indices
+from .streamops import decode
 
 # %% auto #0
 __all__ = ['TORCH_STREAM_PASSES', 'PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError',
@@ -44,9 +45,7 @@ class AnnotationError(CaptureError, StreamAnnotationError):
     "A stream annotation in the captured graph is not an int."
 
 # %% ../nbs/11_capture.ipynb #eaf286a3
-TORCH_STREAM_PASSES = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
-                       "sync_deallocations", "wrap_all_sync_nodes_with_control_deps",
-                       "populate_fw_metadata_with_stream_indices")
+TORCH_STREAM_PASSES = (*PIPELINE_ORDER, populate_fw_metadata_with_stream_indices.__name__)
 
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
@@ -111,9 +110,9 @@ def graph_streams(gm: GraphModule) -> set[int]:
 
 # %% ../nbs/11_capture.ipynb #0e98adda
 def _in_backward(ctrl: Node, gm: GraphModule) -> bool:
-    "Is the sync that `ctrl` wraps a backward node? (its subgraph's call keeps the sync node's meta)"
-    sub = getattr(gm, ctrl.args[1].target)
-    return any(is_bwd_node(n) for n in sub.graph.nodes if n.op == "call_function")
+    "Is the sync that `ctrl` wraps a backward node? (the call in its subgraph keeps the sync node's meta)"
+    op = decode(ctrl, gm)
+    return op is not None and is_bwd_node(op.call)
 
 def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]]:
     """(control_deps node, forward value) pairs where a backward sync depends on, or passes through, a forward value
@@ -177,13 +176,12 @@ class RunResult(tuple):
 
 class CPUInterpreter(torch.fx.Interpreter):
     "Runs a processed graph on the CPU: stream ops only order work, so on one CPU stream they do nothing."
-    def call_function(self, target, args, kwargs):
-        if target in OPS: return None               # every row of the stream-ops table: a no-op on one CPU stream
-        if getattr(target, "name", None) and isinstance(target, torch._ops.HigherOrderOperator) \
-                and target.name() == "control_deps":
-            deps, sub, *rest = args                  # deps are done already (we run in graph order)
-            return CPUInterpreter(sub).run(*rest, **kwargs)   # the subgraph: the sync op, then the passthroughs
-        return super().call_function(target, args, kwargs)
+    def run_node(self, n: Node) -> Any:
+        if is_control_deps(n):
+            deps, sub, *rest = self.fetch_args_kwargs_from_env(n)[0]   # deps are done already (we run in graph order)
+            return CPUInterpreter(sub).run(*rest)    # the subgraph: the sync op, then the passthroughs
+        if decode(n) is not None: return None        # every row of the stream-ops table: a no-op on one CPU stream
+        return super().run_node(n)
 
 def run_graph(gm: GraphModule, *args) -> list:
     "Run `gm` on the CPU with `CPUInterpreter`; a list of its outputs."

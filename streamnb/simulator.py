@@ -15,15 +15,14 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
-from .streamops import OPS, StreamOp, current_stream_key, decode, physical_stream
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, streams
+from .streamops import (OPS, StreamOp, VectorClocks, current_stream_key, decode, is_view, owner,
+                               physical_stream, storages)
 from .cost import get_roofline_estimate
 
 # %% auto #0
-__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'Timeline', 'is_alias', 'alias_base',
-           'value_bytes', 'SimState', 'launch', 'record_event', 'wait_event', 'wait_stream', 'synchronize_event',
-           'synchronize_stream', 'synchronize_device', 'alloc', 'free', 'record_stream', 'memory_curve',
-           'cost_function', 'last_uses', 'simulate']
+__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'Timeline', 'is_alias', 'value_bytes',
+           'memory_curve', 'cost_function', 'simulate']
 
 # %% ../nbs/08_simulate.ipynb #a2c36e43
 @dataclass
@@ -110,6 +109,7 @@ class Timeline:
     current_stream: int = 0
     host_time: float = 0.0
     name: str | None = None
+    clocks: dict[str, dict] = field(default_factory=dict)   # kernel -> its stream's vector clock once it is issued
 
     def __repr__(self):
         return (f"Timeline(makespan={self.makespan:g} ms, streams={self.streams}, kernels={len(self.spans)}, "
@@ -118,22 +118,8 @@ class Timeline:
 
 # %% ../nbs/08_simulate.ipynb #2df28f01
 def is_alias(node: Node) -> bool:
-    "True for nodes that share their input's memory: getitem and view ops (they take no time either)."
-    if node.op != "call_function": return False
-    return node.target is operator.getitem or (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)
-
-def alias_base(node: Node, base: dict[Node, Node | None]) -> Node | None:
-    "The node owning `node`'s memory (itself for an allocation), given the bases of earlier nodes; None if no memory."
-    if node.op in ("placeholder",): return node
-    if node.op != "call_function": return None
-    if node.target is operator.getitem:
-        src, i = node.args[0], node.args[1]
-        if is_control_deps(src):   # (sync result, *passthroughs): item i > 0 is args[2 + i - 1]
-            return base.get(src.args[1 + i]) if i > 0 else None
-        return base.get(src)
-    if is_alias(node): return base.get(node.args[0])
-    if node.target in OPS or is_control_deps(node): return None
-    return node
+    "True for nodes that take no time and share their input's memory: getitem and views."
+    return node.op == "call_function" and (node.target is operator.getitem or is_view(node))
 
 def value_bytes(node: Node) -> int:
     "Bytes of the tensors in `node.meta['val']` (0 without one)."
@@ -151,6 +137,8 @@ _ON_SYNC: dict[str, Callable] = {   # (state, decoded op, physical stream of an 
     "synchronize_event": lambda st, op, ph, base: synchronize_event(st, op.node.name, op.event),
     "synchronize_stream": lambda st, op, ph, base: synchronize_stream(st, op.node.name, ph(op.stream)),
     "synchronize_device": lambda st, op, ph, base: synchronize_device(st, op.node.name),
+    "fork": lambda st, op, ph, base: None,   # the host's current stream changes; nodes carry their own stream
+    "join": lambda st, op, ph, base: None,
 }
 
 def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
@@ -159,29 +147,22 @@ def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
     _ON_SYNC[op.kind](st, op, ph, base)
 
 # %% ../nbs/08_simulate.ipynb #c1888cf7
-def _join(into: dict, other: dict) -> None:
-    for k, v in other.items():
-        if v > into.get(k, 0): into[k] = v
-
 class SimState:
     "The simulator's clocks and records while it walks a graph."
     def __init__(self, current: int, launch_overhead: float = 0.0):
         self.tl = Timeline(current_stream=current)
         self.host, self.launch_overhead = 0.0, launch_overhead
         self.tail: dict[int, float] = {}              # stream -> time its issued work is done
-        self.count: dict[int, int] = {}               # stream -> kernels issued to it
-        self.vc: dict[int, dict[int, int]] = {}       # stream -> happens-before clock
-        self.host_vc: dict[int, int] = {}
-        self.events: dict[int, tuple[float, dict, str, int]] = {}   # event -> (time, clock, record node, stream)
-        self.seq: dict[Node, tuple[int, int, float]] = {}           # kernel -> (stream, ordinal, end)
+        self.vc = VectorClocks()                      # happens-before
+        self.events: dict[int, tuple[float, str, int]] = {}    # event -> (time, record node, stream)
+        self.seq: dict[Node, tuple[int, int, float]] = {}      # kernel -> (stream, its number in issue order, end)
         self.recorded: dict[Node, set[int]] = {}      # base -> streams named by record_stream
         self.reads: dict[Node, dict[int, tuple[int, str, float]]] = {}  # base -> stream -> last cross-stream read
         self.deltas: list[tuple[float, int]] = []     # memory changes
 
     def stream(self, s: int) -> int:
         "Make sure stream `s` exists; return it."
-        if s not in self.tail:
-            self.tail[s], self.count[s], self.vc[s], self.tl.busy[s] = 0.0, 0, {}, 0.0
+        if s not in self.tail: self.tail[s], self.tl.busy[s] = 0.0, 0.0
         return s
 
     def now(self, s: int) -> float:
@@ -189,80 +170,80 @@ class SimState:
         return max(self.host, self.tail[self.stream(s)])
 
     def knows(self, s: int, p: int, k: int) -> bool:
-        "True if kernel number `k` of stream `p` is ordered before stream `s`'s next work."
-        return p == s or max(self.vc[s].get(p, 0), self.host_vc.get(p, 0)) >= k
+        "True if kernel number `k`, on stream `p`, is ordered before stream `s`'s next work."
+        return p == s or self.vc.known(p, k, s)
 
 # %% ../nbs/08_simulate.ipynb #9af85ea7
 def launch(st: SimState, node: Node, s: int, ms: float, inputs: list[Node]) -> None:
     "Issue kernel `node` (taking `ms`) to stream `s`; check its cross-stream `inputs` (memory bases)."
     st.stream(s)
-    _join(st.vc[s], st.host_vc)   # work issued after a host sync comes after what the host waited for
     st.host += st.launch_overhead
     start = max(st.host, st.tail[s]); end = start + ms
-    st.tail[s] = end; st.count[s] += 1; st.vc[s][s] = st.count[s]
-    st.seq[node] = (s, st.count[s], end)
+    k = st.vc.launch(s)
+    st.tail[s] = end
+    st.seq[node] = (s, k, end)
     st.tl.spans[node.name] = (s, start, end); st.tl.busy[s] += ms
+    st.tl.clocks[node.name] = dict(st.vc.clock(s))
     for b in inputs:
         if b not in st.seq: continue          # placeholders: resident and ready before the graph starts
-        p, k, pend = st.seq[b]
+        p, pk, pend = st.seq[b]
         if p == s: continue
-        st.reads.setdefault(b, {})[s] = (st.count[s], node.name, end)   # the latest read of b on stream s
-        if not st.knows(s, p, k):
+        st.reads.setdefault(b, {})[s] = (k, node.name, end)   # the latest read of b on stream s
+        if not st.knows(s, p, pk):
             st.tl.unordered_reads.append(UnorderedRead(node.name, b.name, s, p, start, pend))
 
 # %% ../nbs/08_simulate.ipynb #9510ffb3
 def record_event(st: SimState, name: str, e: int, s: int) -> None:
     t = st.now(s)
-    clock = dict(st.vc[s]); _join(clock, st.host_vc)
-    st.events[e] = (t, clock, name, s)
+    st.vc.record(e, s)
+    st.events[e] = (t, name, s)
     st.tail[s] = t
     st.tl.syncs.append(SyncOp(name, "record_event", s, t, t, event=e))
 
-def _hold(st: SimState, name: str, op: str, s: int, until: float, clock: dict, on: str, **kw) -> float:
-    "Hold stream `s` until `until`, merging `clock`; record the wait."
+def _hold(st: SimState, name: str, op: str, s: int, until: float, on: str, **kw) -> float:
+    "Hold stream `s` until `until`; record the wait."
     t0 = st.now(s); t1 = max(t0, until)
-    _join(st.vc[s], clock); st.tail[s] = t1
+    st.tail[s] = t1
     st.tl.waits.append(Wait(name, op, s, on, t0, t1))
     st.tl.syncs.append(SyncOp(name, op, s, t0, t1, **kw))
     return t1
 
 def wait_event(st: SimState, name: str, e: int, s: int, op: str = "wait_event", tensor: str | None = None) -> None:
     st.stream(s)
-    if e not in st.events:
-        _hold(st, name, op, s, 0.0, {}, f"event {e} (not recorded before this point: no-op)", event=e, tensor=tensor); return
-    t, clock, rec, rs = st.events[e]
-    t1 = _hold(st, name, op, s, t, clock, f"event {e}", event=e, tensor=tensor)
+    if not st.vc.wait(e, s):
+        _hold(st, name, op, s, 0.0, f"event {e} (not recorded before this point: no-op)", event=e, tensor=tensor); return
+    t, rec, rs = st.events[e]
+    t1 = _hold(st, name, op, s, t, f"event {e}", event=e, tensor=tensor)
     st.tl.flows.append(Flow(e, rec, rs, t, name, s, t1))
 
 def wait_stream(st: SimState, name: str, waiting: int, waited_on: int) -> None:
     t = st.now(waited_on)
-    clock = dict(st.vc[waited_on]); _join(clock, st.host_vc)
-    t1 = _hold(st, name, "wait_stream", st.stream(waiting), t, clock, f"stream {waited_on}")
+    st.vc.wait_stream(waiting, waited_on)
+    t1 = _hold(st, name, "wait_stream", st.stream(waiting), t, f"stream {waited_on}")
     st.tl.flows.append(Flow(None, name, waited_on, t, name, waiting, t1))
 
 # %% ../nbs/08_simulate.ipynb #e106bb27
-def _host_hold(st: SimState, name: str, op: str, until: float, clock: dict, on: str, event=None) -> float:
+def _host_hold(st: SimState, name: str, op: str, until: float, on: str, event=None) -> float:
     t0 = st.host; st.host = max(st.host, until)
-    _join(st.host_vc, clock)
     st.tl.waits.append(Wait(name, op, None, on, t0, st.host))
     st.tl.syncs.append(SyncOp(name, op, None, t0, st.host, event=event))
     return st.host
 
 def synchronize_event(st: SimState, name: str, e: int) -> None:
-    if e not in st.events:
-        _host_hold(st, name, "synchronize_event", 0.0, {}, f"event {e} (not recorded before this point: no-op)", e); return
-    t, clock, rec, rs = st.events[e]
-    t1 = _host_hold(st, name, "synchronize_event", t, clock, f"event {e}", e)
+    if not st.vc.sync_event(e):
+        _host_hold(st, name, "synchronize_event", 0.0, f"event {e} (not recorded before this point: no-op)", e); return
+    t, rec, rs = st.events[e]
+    t1 = _host_hold(st, name, "synchronize_event", t, f"event {e}", e)
     st.tl.flows.append(Flow(e, rec, rs, t, name, None, t1))
 
 def synchronize_stream(st: SimState, name: str, s: int) -> None:
     st.stream(s)
-    _host_hold(st, name, "synchronize_stream", st.tail[s], st.vc[s], f"stream {s}")
+    st.vc.sync_stream(s)
+    _host_hold(st, name, "synchronize_stream", st.tail[s], f"stream {s}")
 
 def synchronize_device(st: SimState, name: str) -> None:
-    clock: dict = {}
-    for c in st.vc.values(): _join(clock, c)
-    _host_hold(st, name, "synchronize_device", max(st.tail.values(), default=0.0), clock, "device")
+    st.vc.sync_device()
+    _host_hold(st, name, "synchronize_device", max(st.tail.values(), default=0.0), "device")
 
 # %% ../nbs/08_simulate.ipynb #c01ee220
 def alloc(st: SimState, b: Node, s: int | None, t: float) -> None:
@@ -286,6 +267,7 @@ def record_stream(st: SimState, name: str, b: Node | None, s: int) -> None:
     if b is not None: st.recorded.setdefault(b, set()).add(s)
     st.tl.syncs.append(SyncOp(name, "record_stream", s, t, t, tensor=None if b is None else b.name))
 
+# %% ../nbs/08_simulate.ipynb #85d2bf38
 def memory_curve(deltas: list[tuple[float, int]]) -> tuple[list[tuple[float, int]], int]:
     "A step curve [(time, bytes allocated from then on)] and its peak; at equal times frees come before allocations."
     cur, peak, curve = 0, 0, [(0.0, 0)]
@@ -319,13 +301,14 @@ def last_uses(nodes: list[Node], base: dict[Node, Node | None]) -> dict[Node, in
     last: dict[Node, int | None] = {}
     for i, n in enumerate(nodes):
         b = base.get(n)
-        if b is n and n.op != "placeholder": last[n] = i
+        if b is n and n.op == "call_function": last[n] = i
         for a in n.all_input_nodes:
             ab = base.get(a)
             if ab is not None and ab in last and last[ab] is not None:
                 last[ab] = None if n.op == "output" else i
     return last
 
+# %% ../nbs/08_simulate.ipynb #10edbf86
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str = "H100", registry: StreamRegistry | None = None, launch_overhead: float = 0.0,
              name: str | None = None) -> Timeline:
@@ -336,8 +319,8 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     phys = lambda i: physical_stream(i, reg)
     cost_of = cost_function(cost, device)
     nodes = list(gm.graph.nodes)
-    base: dict[Node, Node | None] = {}
-    for n in nodes: base[n] = alias_base(n, base)
+    mem = storages(gm)
+    base: dict[Node, Node | None] = {n: owner(mem, n) for n in nodes}
     last = last_uses(nodes, base)
     frees: dict[int, list[Node]] = {}
     for b, i in last.items():
@@ -351,7 +334,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
             s = phys(get_stream(n))
             inputs = list(dict.fromkeys(b for a in n.all_input_nodes if (b := base.get(a)) is not None))
             launch(st, n, s, cost_of(n), inputs)
-            alloc(st, n, s, st.tl.spans[n.name][1])
+            if base[n] is n: alloc(st, n, s, st.tl.spans[n.name][1])   # an in-place op writes into its argument
         for b in frees.get(i, ()): free(st, b)
     tl = st.tl
     tl.name, tl.host_time = name, st.host
