@@ -8,7 +8,8 @@ from __future__ import annotations
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from .graph import (aten, begin_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
+from .streamops import StreamOp, decode, reserve_indices_in_use
+from .graph import (aten, begin_pass, correction, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
 # %% auto #0
@@ -38,10 +39,37 @@ def _epilogue_val_readers(gm: GraphModule) -> set[Node]:
     return {c.args[1] for c in gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
             if get_stream(c.args[1]) is None and get_stream(c) is not None}
 
+def _joins(op: StreamOp, stream: int, recorded_on: dict) -> bool:
+    "Does the sync `op` order later work (on another stream, or the host's) after `stream`'s work so far?"
+    if op.kind == "wait_stream": return op.streams[1] == stream
+    if op.kind in ("wait_event", "synchronize_event"): return recorded_on.get(op.event) == stream
+    return op.kind == "synchronize_stream" and op.stream == stream or op.kind == "synchronize_device"
+
+def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
+    "The first sync between `copy`'s source and `copy` that joins `copy`'s stream, if any."
+    src, stream, recorded_on, after_src = copy.args[1], get_stream(copy), {}, False
+    for n in gm.graph.nodes:
+        if n is copy: return None
+        after_src = after_src or n is src
+        if (op := decode(n, gm)) is None: continue
+        if op.kind == "record_event": recorded_on[op.event] = op.stream
+        elif after_src and _joins(op, stream, recorded_on): return n
+    return None
+
+@correction(13, "02_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's join "
+            "of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch #197416)",
+            "the copy moves before the first join after its source (unless a node in between reads the input)")
+def _write_back_before_join(gm: GraphModule, copy: Node) -> None:
+    "Move `copy` before the first join of its stream after its source, where nothing in between reads its destination."
+    join = _first_join_after_source(gm, copy)
+    if join is None or any(join < u < copy for u in copy.args[0].users): return
+    join.prepend(copy)
+
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
-    "Run each `aten.copy_` on the stream of the value it copies."
-    # No known defect: both modes run the seed's rule.
+    "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
     if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=_epilogue_val_readers(gm)): return
+    reserve_indices_in_use(gm)   # a fresh current-stream index must not be one the graph uses
     for epi_copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))
+        if not upstream: _write_back_before_join(gm, epi_copy)

@@ -196,6 +196,9 @@ class SeedWrap:
     def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
         "What a `record_event` adds to its deps."
         return deps
+    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:
+        "The deps of a `wait_event` on an event the graph has not recorded before it."
+        return deps
     def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
         "The deps `node` is wrapped with; `crossing` is `(recorded_on, waiting)` for a wait."
         return deps
@@ -214,7 +217,9 @@ class SeedWrap:
 class CorrectedWrap(SeedWrap):
     "streamnb's default: the seed's decisions, corrected."
     ops = SYNC_OPS + (streams.wait_stream.default,)   # correction 11
-    def check(self, gm: GraphModule) -> None: check_events_recorded(gm)
+    def __init__(self, strict: bool = False): self.strict = strict
+    def check(self, gm: GraphModule) -> None:
+        if self.strict: check_events_recorded(gm)
     def start(self, w: _Walk) -> None:
         w.values = {}                                  # every value so far per stream, and the getitems for it (6)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
@@ -247,6 +252,12 @@ class CorrectedWrap(SeedWrap):
                 "(PyTorch #193409)", "its cross-stream inputs are threaded through the wait")
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
         return _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
+
+    @correction(12, "05_control_deps", "wraps a `wait_event` on an event recorded before the graph runs (in the forward, "
+                "or by the caller) after its stream's nodes only: what reads the graph's inputs may move above it",
+                "such a wait is ordered after the graph's inputs, as newer PyTorch does (`strict=True` refuses it)")
+    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:
+        return [*w.graph.find_nodes(op="placeholder"), *deps]
 
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
@@ -319,7 +330,10 @@ class _Walk:
             deps = [self.event_to_ctrl[event], *deps]
         if target is streams.synchronize_event.default: deps = [*deps, *self.event_to_passthrough.get(event, ())]
         if target is streams.record_event.default: deps = self.rules.record_deps(self, node, deps)
-        crossing = (self.event_to_stream.get(event), stream) if target is streams.wait_event.default else None
+        crossing = None
+        if target is streams.wait_event.default:
+            if event in self.event_to_stream: crossing = (self.event_to_stream[event], stream)
+            else: deps = self.rules.external_wait_deps(self, deps)   # recorded before the graph runs
         ctrl, passthrough = self.wrap(node, deps, crossing)
         if target is streams.record_event.default:
             self.event_to_stream[event] = stream
@@ -331,11 +345,13 @@ class _Walk:
 # %% ../nbs/05_control_deps.ipynb #c1406707
 _PASS = "wrap_all_sync_nodes_with_control_deps"
 
-def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False) -> None:
-    "Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge."
+def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False, strict: bool = False) -> None:
+    """Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge.
+    `strict=True` (default mode) refuses a `wait_event` on an event that no earlier node of `gm` records."""
     graph = gm.graph
     if len(graph.nodes) == 0: raise EmptyGraphError("Expected a non-empty graph")
-    rules = SeedWrap() if upstream else CorrectedWrap()
+    if upstream and strict: raise StreamnbError("strict=True is a check of streamnb's default mode; the seed has none")
+    rules = SeedWrap() if upstream else CorrectedWrap(strict)
     if not begin_pass(gm, _PASS, check=rules.check): return
     w = _Walk(gm, rules)
     with w.output.held_aside():

@@ -14,7 +14,7 @@ from .cost import DeviceSpec, get_roofline_estimate, val_nodes
 from .graph import (IndexedDict, StreamnbError, begin_pass, get_stream, get_stream_or_current_stream,
                             is_bwd_node, correction, new_event)
 from . import fastfx
-from .streamops import OPS
+from .streamops import OPS, reserve_indices_in_use
 from .syncs import insert_record_event_after_node
 
 # %% auto #0
@@ -159,6 +159,7 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
     "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
     _check_mechanism(mechanism)
     if not begin_pass(gm, "sync_deallocations", need_val=() if upstream else _needs_val(gm)): return
+    reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     if upstream: _seed_sync_deallocations(gm, mechanism, device)
     else:
         stream_to_exec_trace: dict = {}

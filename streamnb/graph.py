@@ -91,21 +91,31 @@ class StreamRegistry:
     "Hands out event indices and current-stream indices from one counter, and remembers what each index is."
     def __init__(self, start: int = 0, current_stream: int | None = None):
         self._counter = itertools.count(start)
+        self.reserved: set[int] = set()                      # indices in use elsewhere: never handed out
         self.pinned_current = current_stream
         self.events: list[int] = []                          # event indices, in order of creation
         self.current_streams: dict[int, torch.device] = {}   # index -> device, for current-stream lookups
         if current_stream is not None: self.current_streams[current_stream] = None
 
+    def _next(self) -> int:
+        i = next(self._counter)
+        while i in self.reserved: i = next(self._counter)
+        return i
+
+    def reserve(self, indices) -> None:
+        "Never hand out any of `indices` (those a graph already uses)."
+        self.reserved.update(indices)
+
     def new_event(self) -> int:
         "A fresh event index."
-        i = next(self._counter)
+        i = self._next()
         self.events.append(i)
         return i
 
     def get_current_stream(self, device: torch.device | str | None = None) -> int:
         "The index that stands for the current stream of `device`."
         if self.pinned_current is not None: return self.pinned_current
-        i = next(self._counter)
+        i = self._next()
         self.current_streams[i] = torch.device(device) if device is not None else None
         return i
 

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, is_control_deps, streams
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
 
 # %% auto #0
-__all__ = ['OPS', 'OpSpec', 'StreamOp', 'decode', 'is_sync', 'current_stream_key', 'physical_stream', 'VectorClocks',
-           'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'owner']
+__all__ = ['OPS', 'OpSpec', 'StreamOp', 'decode', 'is_sync', 'indices_in_use', 'reserve_indices_in_use', 'current_stream_key',
+           'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'owner']
 
 # %% ../nbs/00a_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -89,6 +89,19 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
 def is_sync(node: Node, gm: GraphModule | None = None) -> bool:
     "True if `node` performs a stream op (bare or wrapped)."
     return decode(node, gm) is not None
+
+# %% ../nbs/00a_streamops.ipynb #e9ac4bb0
+def indices_in_use(gm: GraphModule) -> set[int]:
+    "Every stream and event index `gm` names: stream annotations, and the events and streams of its stream ops."
+    used: set[int] = set()
+    for n in gm.graph.nodes:
+        if (s := get_stream(n)) is not None: used.add(s)
+        if (op := decode(n, gm)) is not None: used.update(i for i in (op.event, *op.streams) if isinstance(i, int))
+    return used
+
+def reserve_indices_in_use(gm: GraphModule) -> None:
+    "Tell the active registry every index `gm` uses, so that no new index equals one of them."
+    get_registry().reserve(indices_in_use(gm))
 
 # %% ../nbs/00a_streamops.ipynb #a0a00015
 def current_stream_key(registry: StreamRegistry) -> int:

@@ -10,7 +10,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import OPS
+from .streamops import OPS, reserve_indices_in_use
 from .graph import (begin_pass, correction, flat_args, get_device, get_stream, get_stream_or_current_stream,
                             is_bwd_node, new_event, streams)
 
@@ -117,6 +117,7 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     # writer -> [(last user on another stream, written tensor)], found before any insertion; the seed has none
     war = {} if upstream else _war_syncs(gm)
     if not begin_pass(gm, "insert_backward_syncs", need_val=_val_readers(gm) | _war_val_readers(war)): return
+    reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node):

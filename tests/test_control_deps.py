@@ -796,15 +796,36 @@ def wait_before_record():
     return b.output(b.op(aten.sin.default, y, stream=0))
 
 
-def test_unknown_event_default_raises_before_any_change():
+def test_unknown_event_strict_raises_before_any_change():
     gm = wait_before_record()
     before = canonical(gm)
     with pytest.raises(UnknownEventError, match="node wait_event_default: wait_event waits on event 3"):
-        wrap(gm)
+        wrap(gm, strict=True)
     assert canonical(gm) == before and ctrls(gm) == []
     assert "wrap_all_sync_nodes_with_control_deps" not in gm.meta.get("streamnb_passes", [])
     wrap(gm, upstream=True)                       # the seed wraps it silently
     assert canonical(gm) == canonical(torch_wrap(wait_before_record()))
+    with pytest.raises(StreamnbError, match="strict=True"):
+        wrap(wait_before_record(), upstream=True, strict=True)
+
+
+def _external_wait():
+    "A backward graph that waits on event 3, recorded before it runs (in the forward): no record in the graph."
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.wait_event.default, 3, 0)
+    return b.output(y, b.op(aten.neg.default, x, stream=0))
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_12_wait_on_an_external_event_follows_the_inputs(upstream):
+    gm = _external_wait()
+    wrap(gm, upstream=upstream)
+    (wait,) = ctrls(gm)
+    assert [d.name for d in wait.args[0]] == ["x"]          # after the graph's input ...
+    neg = gm.graph.find_nodes(op="call_function", target=aten.neg.default)[0]
+    assert neg.args[0].args[0] is wait                       # ... and what reads it reads it through the wait
 
 
 def test_empty_graph():

@@ -467,3 +467,24 @@ def test_war_seed_75_pipeline():
         kinds[upstream] = [(e.kind, e.nodes) for e in sanitize(gm, registry=StreamRegistry(start=10, current_stream=0)).errors]
     assert ("race", ("copy_", "relu_2")) in kinds[True]
     assert kinds[False] == []
+
+
+@pytest.mark.parametrize("upstream", [False, True])
+def test_new_events_never_equal_one_the_graph_uses(upstream):
+    "A user's record_event(100, 1)/wait_event(100, 3) pair: the passes' own events skip 100, with any registry."
+    from streamnb.pipeline import run_stream_passes
+    from streamnb.streamops import decode
+    for registry in (StreamRegistry(start=100, current_stream=0), StreamRegistry(start=99)):
+        b = GraphBuilder()
+        x = b.input("x")
+        a = b.op(aten.mul.Tensor, x, x, stream=1)
+        b.sync(streams.record_event.default, 100, 1)
+        b.sync(streams.wait_event.default, 100, 3)
+        c = b.op(aten.neg.default, a, stream=3)
+        d = b.op(aten.sin.default, c, stream=2)     # crosses 3 -> 2: the passes record an event of their own
+        gm = b.output(b.op(aten.add.Tensor, d, a, stream=2))
+        with use_registry(registry):
+            run_stream_passes(gm, upstream=upstream)
+        records = [op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind == "record_event"]
+        assert records.count(100) == 1 and len(records) > 1, records
+        assert 100 not in registry.events and 3 not in registry.current_streams
