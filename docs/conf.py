@@ -1,8 +1,10 @@
 """Sphinx configuration for the streamnb site. Run through `python tools/docs.py`, which stages the notebooks
-(nbdev directives applied) into build/docs-src/ and points STREAMNB_DOCS_META at its _meta.json."""
+(nbdev directives applied) into build/docs-src/ and points STREAMNB_DOCS_META at its _meta.json: the pages, the
+modules with their chapters, and every exported symbol with the notebook cell that defines it."""
 import json
-import re
 import os
+import posixpath
+import re
 import sys
 from pathlib import Path
 
@@ -12,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 META = json.loads(Path(os.environ.get("STREAMNB_DOCS_META", ROOT / "build/docs-src/_meta.json")).read_text())
 PAGES = {p["page"]: p for p in META["pages"]}
-BY_MODULE = {p["module"]: p for p in META["pages"] if p["module"]}
+MODULES = META["modules"]
+SYMBOLS = META["symbols"]
 
 project = META["title"]
 author = META["author"]
@@ -37,19 +40,30 @@ autodoc_default_options = {"members": True, "undoc-members": True, "member-order
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_inherit_docstrings = False   # torch's own docstrings (Interpreter.run ...) are not streamnb's API
-suppress_warnings = ["mystnb.unknown_mime_type", "myst.xref_missing", "ref.python"]
+# Outputs of types no page can show (widget state ...) are dropped silently; nothing else is suppressed.
+suppress_warnings = ["mystnb.unknown_mime_type"]
 
 
-def _chapter(module: str):
-    return BY_MODULE.get(module)
+def symbol(fullname: str):
+    "Where `streamnb.mod.Name` (or `...Name.method`) is defined: its page, cell anchor and notebook; else None."
+    parts = fullname.split(".")
+    for k in range(len(parts), 1, -1):
+        s = SYMBOLS.get(".".join(parts[:k]))
+        if s: return s
+    return None
+
+
+def notebook_url(notebook: str) -> str:
+    return f"{META['git_url']}/blob/{META['branch']}/{META['nbs_dir']}/{notebook}"
 
 
 def linkcode_resolve(domain, info):
-    "The [source] link of every API entry: the notebook that defines it, not the generated module."
+    "The [source] link of every API entry: the notebook that defines it, never the generated module."
     if domain != "py": return None
-    page = _chapter(info.get("module", ""))
-    if not page: return None
-    return f"{META['git_url']}/blob/{META['branch']}/{META['nbs_dir']}/{page['notebook']}"
+    s = symbol(f"{info.get('module', '')}.{info.get('fullname', '')}")
+    if s: return notebook_url(s["notebook"])
+    mod = MODULES.get(info.get("module", ""))
+    return notebook_url(mod["notebook"]) if mod and mod["notebook"] else None
 
 
 _re_tick = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
@@ -63,19 +77,21 @@ def _md_to_rst(lines):
     lines[:] = text.split("\n")
 
 
+_MEMBER = ("method", "attribute", "property", "classmethod", "staticmethod")
+
+
 def _defined_in(app, what, name, obj, options, lines):
-    "Each top-level API entry ends with a link to the cell of the chapter that defines it."
+    "Each API entry (and each exported method) ends with a link to the notebook cell that defines it."
     if what == "data" and getattr(obj, "__doc__", None) == getattr(type(obj), "__doc__", None):
         lines.clear()   # a dict or tuple constant: not the docstring of `dict`
     _md_to_rst(lines)
-    for mod, page in BY_MODULE.items():
-        if name.startswith(mod + "."):
-            rest = name[len(mod) + 1:]
-            if "." in rest and what not in ("method", "attribute", "property", "classmethod", "staticmethod"): return
-            anchor = page["anchors"].get(rest)
-            href = f"../{page['page']}.html" + (f"#{anchor}" if anchor else "")
-            lines += ["", f"*Defined in* `{page['title']} <{href}>`__ (``{page['notebook']}``)."]
-            return
+    s = SYMBOLS.get(name)
+    if s is None and what not in _MEMBER:
+        s = symbol(name)
+    if s is None: return
+    docname = app.env.docname if app.env else "api/index"
+    href = posixpath.relpath(s["page"], posixpath.dirname(docname)) + ".html#" + s["anchor"]
+    lines += ["", f"*Defined in* `{s['title']} <{href}>`__ (``{s['notebook']}``)."]
 
 
 def _cell_ids(app, doctree):
@@ -88,9 +104,9 @@ def _cell_ids(app, doctree):
             if a not in seen: node["ids"].append(a); seen.add(a)
         if md.get("cuda"):
             label = nodes.paragraph(classes=["gpu-label"])
-            label += nodes.strong(text="GPU cell (cuda flag)")
-            label += nodes.Text(": needs a CUDA device; nbdev_test skips it on CPU. The output below is the one stored in "
-                                 "the notebook.")
+            label += nodes.strong(text="GPU cell")
+            label += nodes.Text(" (#| cuda): runs only on a CUDA device, nbdev_test skips it; the output shown is the "
+                                "one stored in the notebook.")
             node.insert(0, label)
 
 
@@ -98,8 +114,7 @@ def _page_context(app, pagename, templatename, context, doctree):
     "The 'view source' button of a chapter opens its notebook in nbs/; pages made here (API) get none."
     page = PAGES.get(pagename)
     if page:
-        context["theme_source_view_link"] = (f"{META['git_url']}/blob/{META['branch']}/{META['nbs_dir']}/"
-                                             f"{page['notebook']}")
+        context["theme_source_view_link"] = notebook_url(page["notebook"])
     else:
         context["theme_source_repository"] = ""; context["theme_source_view_link"] = ""
 

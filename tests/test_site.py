@@ -1,59 +1,136 @@
 """The documentation site, checked in a real browser (headless Chromium from Debian, driven by Playwright).
 
 Builds the site (`tools/docs.py`, into settings.ini's doc_path, `_docs/`), serves it on 127.0.0.1 and visits every
-page. Fails on a console error or failed request, an image that did not decode, an internal link or #anchor that
-does not resolve, an empty page, a chapter missing from the sidebar (or out of order), a public symbol without an
-API entry, or a search that finds nothing. Saves screenshots of the index page and of one chapter (its top, and its first plot) in
-`_docs/_check/`.
+page. Fails on: a console error, page error, failed request or HTTP error; an image that did not decode
+(`naturalWidth == 0`); an internal link or #anchor that does not resolve; an empty page; a chapter missing from the
+sidebar (or out of reading order); a public symbol (any module's `__all__`) without an API entry, signature, docstring,
+link to its chapter or a [source] link to its notebook; nbdev directives not honoured; a search that finds nothing;
+a Sphinx warning; a build slower than 2 minutes. What it expects is read from the notebooks and the package at test
+time, never from a list kept here. Saves screenshots of the index page and of one chapter (its top, and its first
+plot) in `_docs/_check/`.
 
 Not part of the quick run: it runs when STREAMNB_SITE=1 (`.ci/run` sets it). Then a missing browser is a failure,
-never a skip: `apt-get install -y chromium chromium-driver` and `pip install -e ".[dev]"` (playwright) bring it.
+never a skip: `apt-get install -y chromium` and `pip install -e ".[dev]"` (playwright) bring what it needs.
 """
 import functools
 import http.server
 import importlib
+import inspect
 import json
 import os
+import pkgutil
 import re
-import shutil
 import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urljoin, urlparse, unquote
+from urllib.parse import quote, unquote, urljoin, urlparse
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(os.environ.get("STREAMNB_SITE") != "1",
-                                reason="browser check of the docs site: STREAMNB_SITE=1 pytest tests/test_site.py")
+ENABLED = os.environ.get("STREAMNB_SITE") == "1"
+pytestmark = pytest.mark.skipif(not ENABLED, reason="browser check of the docs site: "
+                                                    "STREAMNB_SITE=1 pytest tests/test_site.py (CI runs it)")
 CHROMIUM = os.environ.get("STREAMNB_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+_re_dir = re.compile(r"^\s*#\s*\|\s*([\w-]+):?\s*(.*)$")
 
+
+# --- what the site must show, read from the notebooks and the package (independently of tools/docs.py) ---
+
+_SNAPSHOT = {}   # the notebooks as they were when the site was built (others may be editing them meanwhile)
+_CHAPTERS = []
+
+
+def _cfg():
+    from nbdev.config import get_config
+    return get_config(path=ROOT)
+
+
+def chapter_notebooks():
+    "Notebooks in reading order (file-name order, `_`/`.` names skipped as nbdev skips them), index excluded."
+    if _CHAPTERS: return _CHAPTERS[0]
+    nbs = Path(_cfg().nbs_path)
+    found = [p for p in nbs.rglob("*.ipynb") if not any(s.startswith(("_", ".")) for s in p.relative_to(nbs).parts)]
+    return nbs, sorted((p for p in found if p.relative_to(nbs).as_posix() != "index.ipynb"),
+                       key=lambda p: p.relative_to(nbs).as_posix())
+
+
+def html_of(nb: Path, nbs: Path) -> str:
+    "nbdev's page name: folders kept, numeric prefix dropped, lower case."
+    rel = nb.relative_to(nbs)
+    return (rel.parent / (re.sub(r"^\d+[a-zA-Z0-9]*_", "", rel.stem.lower()) + ".html")).as_posix()
+
+
+def read_nb(p: Path):
+    import nbformat
+    text = _SNAPSHOT.get(Path(p).resolve()) or Path(p).read_text(encoding="utf-8")
+    return nbformat.reads(text, as_version=4)
+
+
+def shown_code(nb_path: Path):
+    "The code cells a reader must see, as they read in the notebook without nbdev's directive lines; and # of cuda cells."
+    shown, cuda = [], 0
+    for c in read_nb(nb_path).cells:
+        if c.cell_type != "code": continue
+        lines = c.source.splitlines()
+        head = [m for m in (_re_dir.match(l) for l in lines) if m]
+        dirs = {m.group(1): m.group(2).strip().lower() for m in head}
+        if "hide" in dirs: continue
+        cuda += "cuda" in dirs
+        if dirs.get("echo") == "false": continue
+        code = [l for l in lines if not _re_dir.match(l) and not l.lstrip().startswith(("%", "!"))
+                and not re.search(r"#\|\s*hide_line\s*$", l)]
+        text = _norm("\n".join(code))
+        if text: shown.append(text)
+    return shown, cuda
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def public_api():
+    "{module: __all__} for every module of the package that has one (walked, like tools/docs.py, but here)."
+    lib = _cfg().lib_name
+    sys.path.insert(0, str(ROOT))
+    pkg = importlib.import_module(lib)
+    mods = [lib] + [m.name for m in pkgutil.walk_packages(pkg.__path__, lib + ".")
+                    if not any(p.startswith("_") for p in m.name.split(".")[1:])]
+    return {m: list(importlib.import_module(m).__all__) for m in mods
+            if getattr(importlib.import_module(m), "__all__", None)}
+
+
+# --- the site, a server, the browser ---
 
 def _docs_module():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try: return importlib.import_module("docs")
-    finally: sys.path.pop(0)
+    "tools/docs.py, loaded from its file (a plain `import docs` could find the docs/ folder instead)."
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("streamnb_docs_tool", ROOT / "tools" / "docs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
 def site():
     docs = _docs_module()
+    nbs, chapters = chapter_notebooks()
+    _CHAPTERS[:] = [(nbs, chapters)]
+    _SNAPSHOT.update({p.resolve(): p.read_text(encoding="utf-8") for p in chapters + [nbs / "index.ipynb"]})
     t0 = time.time()
     out = docs.build()
     build_s = time.time() - t0
     print(f"\nsite build: {build_s:.1f} s")
-    assert build_s < 120, f"building the site took {build_s:.0f} s (the budget is 2 minutes)"
     meta = json.loads((docs.SRC / "_meta.json").read_text())
-    return out, meta, docs
+    return {"out": out, "meta": meta, "build_s": build_s, "warnings": docs.WARNINGS.read_text()}
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    out = site[0]
-    handler = functools.partial(_QuietHandler, directory=str(out))
+    handler = functools.partial(_QuietHandler, directory=str(site["out"]))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
@@ -64,28 +141,50 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a): pass
 
 
+def _chromium_problem():
+    if not Path(CHROMIUM).exists():
+        return (f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium (the browser check fails "
+                "without it; it never skips when STREAMNB_SITE=1)")
+    try: import playwright.sync_api  # noqa: F401  (a dev requirement)
+    except ImportError as e: return f"playwright is not installed ({e}): pip install -e '.[dev]' -c constraints.txt"
+    return None
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    assert Path(CHROMIUM).exists(), (f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium "
-                                     "chromium-driver (the browser check fails without it, it does not skip)")
-    from playwright.sync_api import sync_playwright  # a dev requirement; ImportError here is a failure too
+    problem = _chromium_problem()
+    if problem: pytest.fail(problem)
+    from playwright.sync_api import sync_playwright
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
-                                                   args=FLAGS, viewport={"width": 1280, "height": 900})
+                                                   args=FLAGS, viewport={"width": 1440, "height": 900})
         yield ctx
         ctx.close()
 
 
 _PAGE_JS = """() => {
   const main = document.querySelector('article[role=main]') || document.body;
+  const api = Array.from(document.querySelectorAll('dl.py > dt[id]')).map(dt => {
+    const dd = dt.nextElementSibling;
+    const paras = dd ? Array.from(dd.children).filter(p => p.tagName === 'P') : [];
+    const def = paras.filter(p => p.textContent.trim().startsWith('Defined in'));
+    return {id: dt.id, sig: dt.textContent, body: dd ? dd.textContent : '',
+            defined: def.map(p => (p.querySelector('a') || {getAttribute: () => null}).getAttribute('href')),
+            source: Array.from(dt.querySelectorAll('a')).filter(a => a.textContent.includes('[source]'))
+                         .map(a => a.getAttribute('href'))};
+  });
   return {
     ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id)
            .concat(Array.from(document.querySelectorAll('a[name]')).map(e => e.name)),
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
     images: Array.from(document.images).map(i => ({src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0})),
+    plots: main.querySelectorAll('.cell_output img').length,
     text: main.innerText.trim().length,
     sidebar: Array.from(document.querySelectorAll('.sidebar-tree a.reference')).map(a => a.getAttribute('href')),
+    code: Array.from(main.querySelectorAll('.cell_input pre')).map(p => p.textContent),
+    gpu: main.querySelectorAll('.gpu-label').length,
+    api: api,
   };
 }"""
 
@@ -93,30 +192,40 @@ _PAGE_JS = """() => {
 @pytest.fixture(scope="module")
 def crawl(site, server, browser):
     "Visit every built page once; what the browser saw, by page path."
-    out, meta, _ = site
+    out = site["out"]
     pages = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.html")
-                   if not p.relative_to(out).parts[0].startswith(("_", ".")))
-    seen, t0 = {}, time.time()
+                   if not any(s.startswith(("_", ".")) for s in p.relative_to(out).parts))
+    seen, problems, t0 = {}, [], time.time()
     page = browser.new_page()
-    problems = []
     page.on("console", lambda m: m.type == "error" and problems.append(f"{page.url}: console error: {m.text}"))
     page.on("pageerror", lambda e: problems.append(f"{page.url}: page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"{page.url}: request failed: {r.url} ({r.failure})"))
     page.on("response", lambda r: r.status >= 400 and problems.append(f"{page.url}: HTTP {r.status}: {r.url}"))
     for rel in pages:
-        page.goto(server + rel, wait_until="load")
+        page.goto(server + quote(rel), wait_until="load")
         page.wait_for_load_state("networkidle")
+        # images lazy-loaded or below the fold: bring each into view before asking whether it decoded
+        page.evaluate("() => Promise.all(Array.from(document.images).map(i => { i.loading = 'eager'; "
+                      "return i.decode().catch(() => null); }))")
         seen[rel] = page.evaluate(_PAGE_JS)
-        if rel == "index.html":
-            shot(page, out, "index.png")
-    chapter = next(p["page"] for p in meta["pages"]
-                   if p["page"] != "index" and any(i["ok"] for i in seen.get(p["page"] + ".html", {}).get("images", [])))
-    page.goto(server + chapter + ".html", wait_until="networkidle")
+        if rel == "index.html": shot(page, out, "index.png")
+    # The chapter shown: the one with the most plots (ties: reading order).
+    nbs, chapters = chapter_notebooks()
+    best = max(chapters, key=lambda p: (seen.get(html_of(p, nbs), {}).get("plots", 0), -chapters.index(p)))
+    chapter = html_of(best, nbs)
+    page.goto(server + quote(chapter), wait_until="networkidle")
     shot(page, out, "chapter.png")
-    page.locator("article img").first.scroll_into_view_if_needed()
-    shot(page, out, "chapter-plot.png")
+    if seen[chapter]["plots"]:
+        page.locator("article .cell_output img").first.scroll_into_view_if_needed()
+        shot(page, out, "chapter-plot.png")
+    api = page.evaluate("() => { const a = document.querySelector('.nb-source a[href*=\"api/\"]'); "
+                        "return a && a.getAttribute('href'); }")
+    if api:   # the API page the chapter's banner links to
+        page.goto(server + quote(_resolve(chapter, api)[0]), wait_until="networkidle")
+        shot(page, out, "api.png")
     page.close()
-    print(f"browser check: {len(pages)} pages in {time.time() - t0:.1f} s; screenshots in {out / '_check'}")
+    print(f"browser check: {len(pages)} pages in {time.time() - t0:.1f} s; chapter shown: {chapter}; "
+          f"screenshots in {out / '_check'}")
     return {"pages": seen, "problems": problems, "chapter": chapter}
 
 
@@ -125,23 +234,9 @@ def shot(page, out, name):
     page.screenshot(path=str(out / "_check" / name), full_page=False)
 
 
-def test_no_console_errors_or_failed_requests(crawl):
-    assert not crawl["problems"], "\n".join(crawl["problems"][:30])
-
-
-def test_every_page_has_content(crawl):
-    empty = [rel for rel, p in crawl["pages"].items() if p["text"] < 40 and rel not in ("search.html",)]
-    assert not empty, f"empty pages: {empty}"
-
-
-def test_images_decode(crawl):
-    bad = [(rel, i["src"]) for rel, p in crawl["pages"].items() for i in p["images"] if not i["ok"]]
-    assert not bad, f"images that did not decode (naturalWidth == 0): {bad}"
-    assert sum(len(p["images"]) for p in crawl["pages"].values()) > 0, "no images at all: the plots are missing"
-
-
 def _resolve(rel, href):
     "Internal link -> (target page path, fragment), or None for an external one."
+    if href is None: return None
     u = urlparse(href)
     if u.scheme or u.netloc or href.startswith(("mailto:", "javascript:")): return None
     target = urljoin("http://x/" + rel, u.path).removeprefix("http://x/") if u.path else rel
@@ -150,9 +245,48 @@ def _resolve(rel, href):
     return target, unquote(u.fragment)
 
 
+# --- the checks ---
+
+def test_chromium_and_playwright_available():
+    assert _chromium_problem() is None, _chromium_problem()
+
+
+def test_build_is_fast_and_clean(site):
+    assert site["build_s"] < 120, f"building the site took {site['build_s']:.0f} s (the budget is 2 minutes)"
+    assert not site["warnings"].strip(), f"Sphinx warnings:\n{site['warnings'][:4000]}"
+
+
+def test_no_console_errors_or_failed_requests(crawl):
+    assert not crawl["problems"], "\n".join(crawl["problems"][:30])
+
+
+def test_every_page_has_content(crawl):
+    empty = [rel for rel, p in crawl["pages"].items() if p["text"] < 40 and rel != "search.html"]
+    assert not empty, f"empty pages: {empty}"
+
+
+def test_images_decode(crawl):
+    bad = [(rel, i["src"]) for rel, p in crawl["pages"].items() for i in p["images"] if not i["ok"]]
+    assert not bad, f"images that did not decode (naturalWidth == 0): {bad}"
+
+
+def test_every_stored_plot_is_shown(crawl):
+    "Each chapter shows as many images as its notebook's visible cells have image outputs."
+    nbs, chapters = chapter_notebooks()
+    wrong = []
+    for p in chapters + [nbs / "index.ipynb"]:
+        want = 0
+        for c in read_nb(p).cells:
+            dirs = {m.group(1): m.group(2).strip().lower() for m in map(_re_dir.match, c.source.splitlines()) if m}
+            if c.cell_type != "code" or "hide" in dirs or dirs.get("output") == "false": continue
+            want += sum(1 for o in c.get("outputs", []) if any(k.startswith("image/") for k in o.get("data", {})))
+        got = crawl["pages"][html_of(p, nbs) if p.name != "index.ipynb" else "index.html"]["plots"]
+        if got != want: wrong.append(f"{p.name}: {got} images shown, {want} stored")
+    assert not wrong, wrong
+
+
 def test_internal_links_and_anchors_resolve(site, crawl):
-    out = site[0]
-    bad = []
+    out, bad = site["out"], []
     for rel, p in crawl["pages"].items():
         for href in p["links"]:
             r = _resolve(rel, href)
@@ -164,76 +298,108 @@ def test_internal_links_and_anchors_resolve(site, crawl):
     assert not bad, f"{len(bad)} broken internal links:\n" + "\n".join(bad[:40])
 
 
-def test_sidebar_lists_every_chapter_in_reading_order(site, crawl):
-    out, meta, docs = site
-    from nbdev.config import get_config
-    nbs = docs.notebooks(Path(get_config(path=ROOT).nbs_path))  # from the files: never a hard-coded list
-    expected = [docs.page_name(p) + ".html" for p in nbs if p.name != "index.ipynb"]
+def test_sidebar_lists_every_chapter_in_reading_order(crawl):
+    nbs, chapters = chapter_notebooks()
+    expected = [html_of(p, nbs) for p in chapters]
     assert len(expected) >= 2
     for rel, p in crawl["pages"].items():
-        got = [_resolve(rel, h)[0] for h in p["sidebar"] if _resolve(rel, h)]
-        chapters = [g for g in got if g in expected]
-        missing = [e for e in expected if e not in chapters]
+        got = [r[0] for r in (_resolve(rel, h) for h in p["sidebar"]) if r]
+        listed = [g for g in got if g in expected]
+        missing = [e for e in expected if e not in listed]
         assert not missing, f"{rel}: chapters missing from the sidebar: {missing}"
-        assert chapters == expected, f"{rel}: sidebar order {chapters} != file-name order {expected}"
+        assert listed == expected, f"{rel}: sidebar order {listed} != reading order {expected}"
         assert "api/index.html" in got, f"{rel}: no API reference in the sidebar"
 
 
+def test_every_chapter_shows_its_code_as_in_the_notebook(crawl):
+    "#| hide cells are not shown, directive lines are not shown, every other code cell is, in order; #| cuda marked."
+    nbs, chapters = chapter_notebooks()
+    for p in chapters + [nbs / "index.ipynb"]:
+        page = crawl["pages"][html_of(p, nbs) if p.name != "index.ipynb" else "index.html"]
+        want, cuda = shown_code(p)
+        got = [_norm(c) for c in page["code"]]
+        assert got == want, (f"{p.name}: code shown differs from the notebook's visible cells; first difference: "
+                             f"{next(((g, w) for g, w in zip(got, want) if g != w), (len(got), len(want)))}")
+        assert page["gpu"] == cuda, f"{p.name}: {page['gpu']} GPU labels for {cuda} #| cuda cells"
+
+
+def _docfirst(obj):
+    doc = inspect.getdoc(obj) if (inspect.isroutine(obj) or inspect.isclass(obj)) and obj.__doc__ else None
+    return re.sub(r"\W+", "", doc.strip().split("\n\n")[0])[:60] if doc else None
+
+
 def test_api_reference_covers_every_public_symbol(site, crawl):
-    out, meta, _ = site
-    import streamnb
-    missing, no_link = [], []
-    for mod, short in meta["modules"].items():
-        page = crawl["pages"].get(f"api/{short}.html")
-        assert page, f"no API page for {mod}"
+    "Every name of every module's __all__: an entry with its signature, its docstring, a link to the cell of the "
+    "chapter that defines it, and a [source] link to that chapter's notebook (never to the generated .py)."
+    nbs, chapters = chapter_notebooks()
+    page_of_nb = {p.relative_to(nbs).as_posix(): html_of(p, nbs) for p in chapters}
+    cfg = _cfg()
+    nb_url = f"{cfg.git_url}/blob/{cfg.branch}/{Path(cfg.nbs_path).relative_to(ROOT).as_posix()}/"
+    entries = {e["id"]: (rel, e) for rel, p in crawl["pages"].items() if rel.startswith("api/") for e in p["api"]}
+    problems = []
+    api = public_api()
+    assert api, "no module with an __all__ found"
+    for mod, names in api.items():
         m = importlib.import_module(mod)
-        for name in m.__all__:
-            if f"{mod}.{name}" not in page["ids"]: missing.append(f"{mod}.{name}")
-        chapter = next(p for p in meta["pages"] if p["module"] == mod)
-        if not any((_resolve(f"api/{short}.html", h) or ("",))[0] == chapter["page"] + ".html" for h in page["links"]):
-            no_link.append(mod)
-    assert not missing, f"public symbols without an API entry: {missing}"
-    assert not no_link, f"API pages without a link to their chapter: {no_link}"
-    nb_links = [h for p in crawl["pages"].values() for h in p["links"] if "/blob/" in h and h.endswith(".ipynb")]
-    assert nb_links and not any(h.endswith(".py") for p in crawl["pages"].values() for h in p["links"]
-                                if "/blob/" in h), "source links must point at the notebooks"
+        for name in names:
+            sym, obj = f"{mod}.{name}", getattr(m, name, None)
+            if sym not in entries: problems.append(f"{sym}: no API entry"); continue
+            rel, e = entries[sym]
+            try: params = inspect.signature(obj).parameters if callable(obj) else {}
+            except (TypeError, ValueError): params = {}
+            if (inspect.isroutine(obj) or params) and "(" not in e["sig"]: problems.append(f"{sym}: no signature")
+            first = _docfirst(obj)
+            if first and first not in re.sub(r"\W+", "", e["body"]): problems.append(f"{sym}: docstring not shown")
+            chapter = [r for r in (_resolve(rel, h) for h in e["defined"]) if r and r[0] in page_of_nb.values()]
+            if not chapter: problems.append(f"{sym}: no link to its chapter ({e['defined']})"); continue
+            target, frag = chapter[0]
+            if not frag or frag not in crawl["pages"][target]["ids"]:
+                problems.append(f"{sym}: its chapter link {target}#{frag} has no such cell")
+            src = [h for h in e["source"] if "/blob/" in h]
+            if not src or not all(h.endswith(".ipynb") for h in src):
+                problems.append(f"{sym}: [source] {e['source']} is not a notebook link")
+            elif page_of_nb.get(src[0].removeprefix(nb_url)) != target:
+                problems.append(f"{sym}: [source] {src[0]} is not the notebook of {target}")
+    assert not problems, f"{len(problems)} API problems:\n" + "\n".join(problems[:40])
+    py_links = [h for p in crawl["pages"].values() for h in p["links"] if "/blob/" in h and h.endswith(".py")]
+    assert not py_links, f"source links to generated modules: {py_links[:5]}"
 
 
-def test_modidx_links_resolve_on_this_site(site, crawl):
+def test_modidx_links_resolve_on_this_site(crawl):
     "streamnb/_modidx.py (nbdev's symbol index) links work here: same page names, same anchors."
-    modidx = importlib.import_module("streamnb._modidx").d["syms"]
+    modidx = importlib.import_module(f"{_cfg().lib_name}._modidx").d["syms"]
     bad = []
     for mod, syms in modidx.items():
         for sym, (link, _) in syms.items():
-            if sym.rsplit(".", 1)[-1].startswith("_") or "._" in sym: continue
+            if any(s.startswith("_") for s in sym.split(".")): continue
             page, _, frag = link.partition("#")
             if page not in crawl["pages"] or frag not in crawl["pages"][page]["ids"]: bad.append(f"{sym}: {link}")
     assert not bad, f"{len(bad)} _modidx links that do not resolve:\n" + "\n".join(bad[:30])
 
 
-def test_nbdev_directives_honoured(site):
-    out, meta, _ = site
-    html = {p["page"]: (out / f"{p['page']}.html").read_text(encoding="utf-8") for p in meta["pages"]}
-    for page, text in html.items():
-        # highlighted code: a comment that is a directive line would read <span class="c1">#| export</span>
-        assert not re.search(r'<span class="c1">#\s*\|', text), f"{page}: a directive line is shown in code"
-        assert "nbdev_export()" not in text, f"{page}: a #| hide cell is shown"
-    for p in meta["pages"]:
-        if p["cuda_cells"]:
-            assert html[p["page"]].count("gpu-label") == p["cuda_cells"], f"{p['page']}: #| cuda cells not marked"
-    assert any(p["cuda_cells"] for p in meta["pages"]), "no #| cuda cell found at all"
-
-
-def test_search_finds_a_symbol(server, browser):
+def test_search_finds_symbols_and_prose(server, browser):
+    "The search page (Sphinx's index, run by the browser) finds a public class on its API page and a chapter by a "
+    "word of its title."
+    api = public_api()
+    mod, cls = next((m, n) for m, names in api.items() for n in names
+                    if inspect.isclass(getattr(importlib.import_module(m), n, None)))
+    nbs, chapters = chapter_notebooks()
+    last = chapters[-1]
+    title = next(re.search(r"^#\s+(.+)$", c.source, re.M).group(1) for c in read_nb(last).cells
+                 if c.cell_type == "markdown" and re.search(r"^#\s+(.+)$", c.source, re.M))
+    word = max(re.findall(r"[A-Za-z]{4,}", title), key=len)
     page = browser.new_page()
-    page.goto(server + "search.html?q=GraphBuilder", wait_until="networkidle")
-    page.wait_for_selector("#search-results ul.search li", timeout=15000)
-    n = page.locator("#search-results ul.search li").count()
-    page.close()
-    assert n > 0
+    try:
+        for q, want in ((cls, f"api/{mod.split('.', 1)[-1]}.html"), (word, html_of(last, nbs))):
+            page.goto(server + "search.html?q=" + quote(q), wait_until="networkidle")
+            page.wait_for_selector("#search-results ul.search li", timeout=20000)
+            hits = page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.getAttribute('href'))")
+            assert any(h.split("#")[0].split("?")[0] == want for h in hits), f"search {q!r}: {want} not in {hits[:10]}"
+    finally:
+        page.close()
 
 
 def test_screenshots_saved(site, crawl):
     for name in ("index.png", "chapter.png"):
-        f = site[0] / "_check" / name
+        f = site["out"] / "_check" / name
         assert f.is_file() and f.stat().st_size > 10_000, f"screenshot {f} missing or blank"

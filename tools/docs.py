@@ -5,21 +5,26 @@ settings.ini's `doc_path` (`_docs/`); open `_docs/index.html`, or serve it: `pyt
 
 What this script does before Sphinx runs, in `build/docs-src/` (the notebooks in nbs/ are never touched):
 - the pages: `nbs/index.ipynb` first, then every other notebook in file-name order (names starting with `_` or `.`
-  are skipped), each named as nbdev names its page (`02_backward_streams.ipynb` -> `backward_streams.html`, so the
-  links in `streamnb/_modidx.py` work on this site);
+  are skipped, as nbdev skips them), each named as nbdev names its page (`02_backward_streams.ipynb` ->
+  `backward_streams.html`, so the links in `streamnb/_modidx.py` work on this site);
 - nbdev's directives: `#| hide` cells are dropped, directive lines (`#| export`, `#| default_exp` ...) are removed,
   `#| hide_line` lines, `%` magics and ANSI escapes go, `#| echo: false` / `#| output: false` hide input / output,
-  `#| cuda` cells get a "GPU cell" label (their outputs were recorded on a CUDA machine);
-- every `#| export` cell gets anchors named as nbdev names them (`#graphbuilder`, `#capture.module`);
-- one API page per module (autodoc over `__all__`), in chapter order, each symbol linked to its defining cell.
+  `#| filter_stream` filters, `#| cuda` cells get a "GPU cell" label (their outputs were recorded on a CUDA machine);
+- every exported cell gets anchors named as nbdev names them (`#graphbuilder`, `#capture.module`);
+- the API reference: one page per module of the package that has an `__all__` (found by walking the package, never
+  a list kept here), every name of it with its signature and docstring (autodoc), a link to the notebook cell that
+  defines it and a [source] link to that notebook on the repository.
+Sphinx's warnings are printed and saved to `build/docs-warnings.txt` (the site check fails on any).
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import copy
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import re
 import shutil
 import sys
@@ -32,28 +37,29 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "docs"
 SRC = ROOT / "build" / "docs-src"
 DOCTREES = ROOT / "build" / "docs-doctrees"
+WARNINGS = ROOT / "build" / "docs-warnings.txt"
 HTML = ROOT / "build" / "docs-out" / "html"   # myst-nb writes ../jupyter_execute beside it; moved to doc_path
 
 _re_ansi = re.compile(r"\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])")
 _re_hide_line = re.compile(r"#\|\s*hide_line\s*$")
-_re_magic = re.compile(r"^\s*%")
-_re_directive = re.compile(r"^\s*#\s*\|")
+_re_magic = re.compile(r"^\s*[%!]")
 
 
 def settings():
     from nbdev.config import get_config
-    cfg = get_config(path=ROOT)
-    return cfg
+    return get_config(path=ROOT)
 
 
-def page_name(nb: Path) -> str:
-    "The page nbdev would make of this notebook: numeric prefix dropped, lower case (nbdev.doclinks._nbpath2html)."
-    return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb.stem.lower())
+def page_name(nb: Path, nbs_path: Path | None = None) -> str:
+    "The page nbdev makes of a notebook (nbdev.doclinks._nbpath2html): folders kept, numeric prefix dropped, lower case."
+    rel = nb.relative_to(nbs_path) if nbs_path else Path(nb.name)
+    name = re.sub(r"^\d+[a-zA-Z0-9]*_", "", rel.stem.lower())
+    return (rel.parent / name).as_posix()
 
 
 def notebooks(nbs_path: Path) -> list[Path]:
     "Reading order: index first, then the notebooks in file-name order. Nothing is hard-coded."
-    nbs = [p for p in nbs_path.rglob("*.ipynb")
+    nbs = [p for p in Path(nbs_path).rglob("*.ipynb")
            if not any(part.startswith(("_", ".")) for part in p.relative_to(nbs_path).parts)]
     nbs.sort(key=lambda p: (p.relative_to(nbs_path).as_posix() != "index.ipynb", p.relative_to(nbs_path).as_posix()))
     return nbs
@@ -67,8 +73,7 @@ def directives(source: str) -> tuple[dict, str]:
     if first is None: first = len(lines)
     dirs = dict(d for d in (_directive(s) for s in lines[:first]) if d)
     dirs = {k.rstrip(":"): v for k, v in dirs.items()}
-    code = [ln for ln in lines[first:]]
-    return dirs, "".join(code)
+    return dirs, "".join(lines[first:])
 
 
 def defined_names(code: str) -> list[str]:
@@ -89,53 +94,63 @@ def defined_names(code: str) -> list[str]:
     return out
 
 
-def process_notebook(src: Path, rel: str, cfg, modules: dict) -> tuple[nbformat.NotebookNode, dict]:
+def _export_target(dirs: dict, default: str | None) -> str | None:
+    "The module an exported cell goes to: `#| export other` names it, else the notebook's `#| default_exp`."
+    for k in ("export", "exports", "exporti"):
+        if k in dirs: return dirs[k][0] if dirs[k] else default
+    return None
+
+
+def default_exp(nb) -> str | None:
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            d, _ = directives(cell.source)
+            if d.get("default_exp"): return d["default_exp"][0]
+    return None
+
+
+def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.NotebookNode, dict]:
     nb = nbformat.read(src, as_version=4)
-    info = {"notebook": rel, "page": page_name(src), "module": None, "title": None, "anchors": {}, "cuda_cells": 0}
+    dflt = default_exp(nb)
+    info = {"notebook": rel, "page": page, "module": f"{cfg.lib_name}.{dflt}" if dflt else None, "title": None,
+            "symbols": {}, "cuda_cells": 0}
     cells = []
     for cell in nb.cells:
         cell.metadata = {}
-        cell.pop("attachments", None) if cell.cell_type == "code" else None
         if cell.cell_type == "markdown":
             if info["title"] is None:
                 m = re.search(r"^#\s+(.+)$", cell.source, re.MULTILINE)
-                if m: info["title"] = m.group(1).strip()
+                if m: info["title"] = re.sub(r"[`*<>\\]", "", m.group(1)).strip()   # plain text: used in links
             cells.append(cell)
             continue
         if cell.cell_type != "code":
             continue
+        cell.pop("attachments", None)
         dirs, code = directives(cell.source)
-        if "default_exp" in dirs and dirs["default_exp"]: info["module"] = f"{cfg.lib_name}.{dirs['default_exp'][0]}"
         if "hide" in dirs: continue
         code = "\n".join(ln for ln in code.splitlines()
                          if not _re_hide_line.search(ln) and not _re_magic.match(ln)).strip("\n")
         meta = {"tags": [], "streamnb": {}}
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream": out["text"] = _re_ansi.sub("", out["text"])
-            if "filter_stream" in dirs and out.get("output_type") == "stream" and dirs["filter_stream"]:
+            if out.get("output_type") != "stream": continue
+            out["text"] = _re_ansi.sub("", out["text"])
+            if dirs.get("filter_stream"):
                 pat = "|".join(dirs["filter_stream"])
                 out["text"] = "".join(ln for ln in out["text"].splitlines(True) if not re.search(pat, ln))
         if dirs.get("echo", [""])[0].lower() == "false": meta["tags"].append("remove-input")
         if dirs.get("output", [""])[0].lower() == "false": meta["tags"].append("remove-output")
         if "cuda" in dirs:
             meta["tags"].append("gpu"); meta["streamnb"]["cuda"] = True; info["cuda_cells"] += 1
-        if dirs.keys() & {"export", "exports", "exporti"}:
+        target = _export_target(dirs, dflt)
+        if target:
             names = defined_names(code)
             meta["streamnb"]["anchors"] = [n.lower() for n in names]
-            for n in names: info["anchors"].setdefault(n, n.lower())
+            for n in names: info["symbols"].setdefault(f"{cfg.lib_name}.{target}.{n}", n.lower())
         if not code.strip() and not cell.get("outputs"): continue
         cell.source = code
         cell.metadata = meta
         cells.append(cell)
-    # After the title cell: where the page comes from (the notebook) and the module it exports.
-    git = f"{cfg.git_url}/blob/{cfg.branch}/{Path(cfg.nbs_path).relative_to(ROOT).as_posix()}/{rel}"
-    line = f"Source notebook: [`{Path(cfg.nbs_path).name}/{rel}`]({git})"
-    if info["module"] in modules:
-        line += f" · exports {{py:mod}}`{info['module']}` (API reference: {{doc}}`api/{modules[info['module']]}`)"
-    first_md = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"), -1)
-    banner = nbformat.v4.new_markdown_cell(f"```{{container}} nb-source\n{line}\n```")
-    banner.pop("id", None)
-    cells.insert(first_md + 1, banner)
+    info["title"] = info["title"] or page
     nb.cells = cells
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                    "language_info": {"name": "python"}}
@@ -143,23 +158,54 @@ def process_notebook(src: Path, rel: str, cfg, modules: dict) -> tuple[nbformat.
     return nb, info
 
 
-def api_page(mod: str, info: dict) -> str:
-    "One page per module: every name of its `__all__`, in that order (autodoc skips undocumented data otherwise)."
-    import importlib, inspect
+def public_modules(lib: str) -> dict[str, list[str]]:
+    "Every module of the package (walked, not listed) with its `__all__`; the package itself if it has one."
+    pkg = importlib.import_module(lib)
+    found = {}
+    mods = [lib] + sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, lib + ".")
+                          if not any(p.startswith("_") for p in m.name.split(".")[1:]))
+    for name in mods:
+        try: m = importlib.import_module(name)
+        except Exception as e: sys.exit(f"docs: cannot import {name} ({type(e).__name__}: {e})")
+        names = list(getattr(m, "__all__", None) or [])
+        if names: found[name] = names
+    return found
+
+
+def _locate(mod: str, name: str, symbols: dict) -> str | None:
+    "The fully qualified name under which a public symbol was exported from a notebook (re-exports followed)."
+    if f"{mod}.{name}" in symbols: return f"{mod}.{name}"
+    obj = getattr(importlib.import_module(mod), name, None)
+    home = getattr(obj, "__module__", None)
+    if home and f"{home}.{name}" in symbols: return f"{home}.{name}"
+    return None
+
+
+def api_page(mod: str, names: list[str], chapter: dict | None, symbols: dict) -> str:
+    "One page per module: every name of its `__all__`, in that order, autodoc'd (a re-export links to its home)."
     m = importlib.import_module(mod)
-    title = f"{mod}"
-    out = [title, "=" * len(title), "",
-           f"Defined in the chapter :doc:`../{info['page']}` (notebook ``{info['notebook']}``).", "",
-           f".. automodule:: {mod}", "   :no-members:", ""]
-    for name in getattr(m, "__all__", []):
+    out = [mod, "=" * len(mod), ""]
+    if chapter:
+        out += [f"Defined in the chapter :doc:`/{chapter['page']}` (notebook ``{chapter['notebook']}``).", ""]
+    out += [f".. automodule:: {mod}", "   :no-members:", ""]
+    for name in names:
         obj = getattr(m, name, None)
+        home = _locate(mod, name, symbols)
+        if home and home.rsplit(".", 1)[0] != mod:   # a re-export: one line, linking to the entry where it is defined
+            s = symbols[home]
+            out += [f".. py:data:: {mod}.{name}", "   :no-index-entry:", "",
+                    f"   Re-exported from :py:obj:`{home}`.", "",
+                    f"   *Defined in* `{s['title']} <../{s['page']}.html#{s['anchor']}>`__ (``{s['notebook']}``).", ""]
+            continue
         if inspect.isclass(obj):
             kind = "autoexception" if issubclass(obj, BaseException) else "autoclass"
             out += [f".. {kind}:: {mod}.{name}", "   :members:", "   :undoc-members:", "   :show-inheritance:", ""]
-        elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
+        elif callable(obj) and (inspect.isroutine(obj) or hasattr(obj, "__wrapped__")):
             out += [f".. autofunction:: {mod}.{name}", ""]
         else:
-            out += [f".. autodata:: {mod}.{name}", ""]
+            out += [f".. autodata:: {mod}.{name}"]
+            if len(repr(obj)) > 160: out += ["   :no-value:"]
+            out += [""]
     return "\n".join(out)
 
 
@@ -167,42 +213,71 @@ def stage(cfg) -> dict:
     nbs_path = Path(cfg.nbs_path)
     shutil.rmtree(SRC, ignore_errors=True)
     (SRC / "api").mkdir(parents=True)
-    nbs = notebooks(nbs_path)
-    # First pass: which module each notebook exports (for the banner links).
-    modules = {}
-    for p in nbs:
-        for cell in nbformat.read(p, as_version=4).cells:
-            if cell.cell_type != "code": continue
-            d, _ = directives(cell.source)
-            if d.get("default_exp"): modules[f"{cfg.lib_name}.{d['default_exp'][0]}"] = d["default_exp"][0]; break
-    pages, seen = [], {}
-    for p in nbs:
+    pages, seen, symbols = [], {}, {}
+    for p in notebooks(nbs_path):
         rel = p.relative_to(nbs_path).as_posix()
-        nb, info = process_notebook(p, rel, cfg, modules)
-        name = info["page"] if rel != "index.ipynb" else "index"
+        name = "index" if rel == "index.ipynb" else page_name(p, nbs_path)
         if name in seen: sys.exit(f"docs: {rel} and {seen[name]} would both be {name}.html")
         seen[name] = rel
-        info["page"] = name
+        nb, info = process_notebook(p, rel, name, cfg)
+        (SRC / name).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, SRC / f"{name}.ipynb")
+        for sym, anchor in info["symbols"].items():
+            symbols.setdefault(sym, {"page": name, "anchor": anchor, "notebook": rel, "title": info["title"]})
         pages.append(info)
-    mods = [(i["module"], i) for i in pages if i["module"]]
-    for mod, info in mods:
-        (SRC / "api" / f"{modules[mod]}.rst").write_text(api_page(mod, info), encoding="utf-8")
+    # The API: every module with an __all__; its chapter: the notebook whose default_exp it is, else the one that
+    # exports the most of its names.
+    modules = {}
+    public = public_modules(cfg.lib_name)
+    for mod, names in public.items():   # re-exported names lead where their original leads
+        for n in names:
+            home = _locate(mod, n, symbols)
+            if home and home != f"{mod}.{n}": symbols[f"{mod}.{n}"] = symbols[home]
+    for mod, names in public.items():
+        chapter = next((i for i in pages if i["module"] == mod), None)
+        if chapter is None:
+            counts = {}
+            for n in names:
+                s = symbols.get(_locate(mod, n, symbols) or "")
+                if s: counts[s["page"]] = counts.get(s["page"], 0) + 1
+            chapter = next((i for i in pages if counts and i["page"] == max(counts, key=counts.get)), None)
+        short = mod.split(".", 1)[1] if "." in mod else mod
+        modules[mod] = {"api": short, "names": names, "chapter": chapter["page"] if chapter else None,
+                        "notebook": chapter["notebook"] if chapter else None,
+                        "title": chapter["title"] if chapter else mod}
+        (SRC / "api" / f"{short}.rst").write_text(api_page(mod, names, chapter, symbols), encoding="utf-8")
+    order = {i["page"]: k for k, i in enumerate(pages)}
+    api_mods = sorted(modules, key=lambda m: (modules[m]["chapter"] is not None,
+                                              order.get(modules[m]["chapter"], len(order)), m))
     api_index = ["API reference", "=============", "",
                  f"Every public symbol of ``{cfg.lib_name}`` (each module's ``__all__``), module by module in "
                  "chapter order, with its signature, its docstring and a link to the notebook cell that defines it.", "",
                  ".. toctree::", "   :maxdepth: 1", ""]
-    api_index += [f"   {mod} — {info['title']} <{modules[mod]}>" for mod, info in mods]
+    api_index += [f"   {m} — {modules[m]['title']} <{modules[m]['api']}>" for m in api_mods]
     (SRC / "api" / "index.rst").write_text("\n".join(api_index) + "\n", encoding="utf-8")
-    # The sidebar: a hidden toctree appended to the index page, chapters in reading order, then the API.
-    index = nbformat.read(SRC / "index.ipynb", as_version=4)
-    toc = ["```{toctree}", ":hidden:", ":caption: Chapters", ":maxdepth: 1", ""]
-    toc += [i["page"] for i in pages if i["page"] != "index"]
-    toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Reference", "", "api/index", "```"]
-    index.cells.append(nbformat.v4.new_markdown_cell("\n".join(toc)))
-    index.cells[-1]["id"] = "streamnb-toc"
-    nbformat.write(index, SRC / "index.ipynb")
-    meta = {"pages": pages, "modules": modules, "git_url": cfg.git_url, "branch": cfg.branch,
+    # The banner under each chapter's title: its notebook, and the API page of the module it exports.
+    api_of = {m["chapter"]: (mod, m["api"]) for mod, m in modules.items() if m["chapter"]}
+    for info in pages:
+        f = SRC / f"{info['page']}.ipynb"
+        nb = nbformat.read(f, as_version=4)
+        git = f"{cfg.git_url}/blob/{cfg.branch}/{nbs_path.relative_to(ROOT).as_posix()}/{info['notebook']}"
+        line = f"Source notebook: [`{nbs_path.name}/{info['notebook']}`]({git})"
+        if info["page"] in api_of:
+            mod, short = api_of[info["page"]]
+            line += f" · exports `{mod}` (API reference: {{doc}}`/api/{short}`)"
+        first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
+        banner = nbformat.v4.new_markdown_cell(f"```{{container}} nb-source\n{line}\n```")
+        banner["id"] = "streamnb-source"
+        nb.cells.insert(first_md + 1, banner)
+        if info["page"] == "index":
+            # The sidebar: a hidden toctree on the index page, chapters in reading order, then the API.
+            toc = ["```{toctree}", ":hidden:", ":caption: Chapters", ":maxdepth: 1", ""]
+            toc += [i["page"] for i in pages if i["page"] != "index"]
+            toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Reference", "", "api/index", "```"]
+            nb.cells.append(nbformat.v4.new_markdown_cell("\n".join(toc)))
+            nb.cells[-1]["id"] = "streamnb-toc"
+        nbformat.write(nb, f)
+    meta = {"pages": pages, "modules": modules, "symbols": symbols, "git_url": cfg.git_url, "branch": cfg.branch,
             "nbs_dir": nbs_path.relative_to(ROOT).as_posix(), "title": cfg.title, "description": cfg.description,
             "author": cfg.author, "copyright": cfg.copyright, "lib_name": cfg.lib_name}
     (SRC / "_meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
@@ -213,20 +288,25 @@ def build(out: Path | None = None, quiet: bool = True) -> Path:
     cfg = settings()
     out = Path(out) if out else Path(cfg.doc_path)
     t0 = time.time()
+    sys.path.insert(0, str(ROOT))   # the package of this checkout, installed or not
+    os.environ.setdefault("MPLBACKEND", "Agg")
     stage(cfg)
     os.environ["STREAMNB_DOCS_META"] = str(SRC / "_meta.json")
-    os.environ.setdefault("MPLBACKEND", "Agg")
     for d in (out, DOCTREES, HTML.parent): shutil.rmtree(d, ignore_errors=True)
     from sphinx.cmd.build import build_main
-    args = ["-b", "html", "-c", str(CONF_DIR), "-d", str(DOCTREES), "--keep-going", str(SRC), str(HTML)]
+    args = ["-b", "html", "-c", str(CONF_DIR), "-d", str(DOCTREES), "-w", str(WARNINGS), "--keep-going",
+            str(SRC), str(HTML)]
     if quiet: args.insert(0, "-q")
     rc = build_main(args)
-    if rc: sys.exit(f"docs: sphinx-build failed (exit {rc})")
+    if rc: sys.exit(f"docs: sphinx-build failed (exit {rc}); warnings in {WARNINGS}")
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(HTML), str(out))
     (out / ".nojekyll").touch()
-    print(f"docs: built {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/ in {time.time() - t0:.1f} s; "
-          f"open {out / 'index.html'} or run: python -m http.server -b 127.0.0.1 -d {out.name} 8000")
+    n_warn = sum(1 for ln in WARNINGS.read_text().splitlines() if "WARNING" in ln or "ERROR" in ln)
+    shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    print(f"docs: built {shown}/ in {time.time() - t0:.1f} s, {n_warn} warnings"
+          f"{f' (listed in {WARNINGS.relative_to(ROOT)})' if n_warn else ''}; open {out / 'index.html'} "
+          f"or run: python -m http.server -b 127.0.0.1 -d {shown} 8000")
     return out
 
 
