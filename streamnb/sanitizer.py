@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from torch.fx import GraphModule, Node
 
 from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps
-from .streamops import StreamOp, VectorClocks, decode, is_view, physical_stream, schema_args, storages
+from .streamops import (Storage, StreamOp, VectorClocks, current_stream_key, decode, is_view, physical_stream,
+                                schema_args, storages)
 from .simulator import simulate
 
 # %% auto #0
-__all__ = ['SanitizerError', 'Report', 'sanitize']
+__all__ = ['unknown_streams', 'SanitizerError', 'Report', 'sanitize']
 
 # %% ../nbs/10_sanitizer.ipynb #f82b5c7e
 def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
@@ -30,6 +31,28 @@ def _short(n: Node) -> str:
     "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`."
     args = ", ".join(a.name if isinstance(a, Node) else repr(a) for a in n.args)
     return f"{n.name} = {_tgt(n)}({args})"
+
+# %% ../nbs/10_sanitizer.ipynb #20c28be2
+def unknown_streams(gm: GraphModule, registry: StreamRegistry | None = None) -> dict[int, list[Node]]:
+    """The stream indices the sanitizer cannot place: named by a stream op, annotated on no node, and not a current-stream
+    index of `registry` (default: the active one). Each index -> the stream-op nodes that name it, in graph order."""
+    reg = registry if registry is not None else get_registry()
+    named: dict = {}
+    annotated = set()
+    for n in gm.graph.nodes:
+        if (s := get_stream(n)) is not None: annotated.add(s)
+        if (op := decode(n, gm)) is not None:
+            for s in op.streams:
+                if isinstance(s, int) and not isinstance(s, bool): named.setdefault(s, []).append(n)
+    return {s: ns for s, ns in sorted(named.items()) if s not in annotated and not reg.is_current_stream(s)}
+
+def _with_current(registry: StreamRegistry, extra: Collection[int]) -> StreamRegistry:
+    "A registry for lookups only: `registry`'s current stream (the same key) plus the indices `extra` as that stream too."
+    if not extra: return registry
+    eff = StreamRegistry(current_stream=current_stream_key(registry))
+    eff.current_streams.update(registry.current_streams)
+    eff.current_streams.update(dict.fromkeys(extra))
+    return eff
 
 # %% ../nbs/10_sanitizer.ipynb #9aba550d
 class Block:
@@ -53,13 +76,20 @@ class Access:
     arg: str          # "argument 'self'" or "the output"
     write: bool
 
+def _on_cpu(m: Storage) -> bool:
+    "True if the storage holds a CPU tensor: CPU kernels run synchronously on the host, so they never race."
+    v = m.node.meta.get("val")
+    if m.index is not None and isinstance(v, (list, tuple)) and m.index < len(v): v = v[m.index]
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu"
+
 def _blocks(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
     """The alias model (`streamops.storages`) with one `Block` per storage, on the stream `key(node)` of its node: each
-    node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it."""
+    node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it. CPU tensors get
+    no Block: nothing is checked for them."""
     blocks: dict = {}
     def blk(m):
         if isinstance(m, tuple): return tuple(map(blk, m))
-        return None if m is None else blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
+        return None if m is None or _on_cpu(m) else blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
     store = {n: blk(m) for n, m in storages(gm).items()}
     uses: dict = {}
     for n, t in store.items():
@@ -94,7 +124,7 @@ class DataOrder:
 @dataclass
 class SanitizerError:
     "One finding: its `kind`, the nodes and streams involved (the later one first) and a sentence a reader understands."
-    kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall
+    kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall, unknown_stream
     nodes: tuple                  # node names
     streams: tuple                # their streams (None: the current stream)
     message: str                  # the printout
@@ -103,6 +133,7 @@ class SanitizerError:
     start: float | None = None    # a stall: when its stream reached the sync (the estimate's unit) ...
     end: float | None = None      # ... and when the event it waits for was done
     pair: tuple | None = None     # reorderable: (record, wait) node names of the sync pair whose link is missing
+    if_separate: tuple = ()       # unknown_stream: the errors the graph would have if those indices were streams of their own
     @property
     def duration(self) -> float | None:
         "How long a stall holds its stream (None for other findings)."
@@ -111,7 +142,7 @@ class SanitizerError:
 
 @dataclass
 class Report:
-    "What `sanitize` found. `errors` make `ok` False; `warnings` (redundant work, stalls) do not."
+    "What `sanitize` found. `errors` make `ok` False; `warnings` (redundant work, stalls, unknown stream indices) do not."
     errors: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     @property
@@ -345,14 +376,46 @@ def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
 
 # %% ../nbs/10_sanitizer.ipynb #038df16c
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
-             estimate: Callable[[Node], float] | None = None) -> Report:
+             current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None) -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never
     recorded; with `reorder=True` also orderings that hold in program order but not along data edges; with `estimate`
-    (seconds per node) also `sync_dealloc`s that stall their stream."""
-    san = _Sanitizer(gm, reorder, registry if registry is not None else get_registry())
+    (seconds per node) also `sync_dealloc`s that stall their stream.
+
+    Streams: unannotated nodes and the current-stream indices of `registry` (default: the active one) and of
+    `current_streams` run on the current stream; every other index is a stream of its own. Given neither `registry` nor
+    `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
+    warning that names them and lists the errors the graph would have if they were not."""
+    reg = registry if registry is not None else get_registry()
+    unknown = unknown_streams(gm, reg) if registry is None and current_streams is None else {}
+    san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)))
     report = san.run()
+    if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg).run(), current_stream_key(reg))
     if estimate is not None: _stalls(san, estimate)
     return report
+
+# %% ../nbs/10_sanitizer.ipynb #caa729a7
+def _unknown_warning(san: _Sanitizer, unknown: dict, separate: Report, key: int) -> None:
+    "The `unknown_stream` warning: which indices, where, what they would change, how to tell."
+    seen = {(e.kind, e.tensor, e.nodes) for e in san.report.errors}
+    extra = tuple(e for e in separate.errors if (e.kind, e.tensor, e.nodes) not in seen)
+    idx = list(unknown)
+    names = ", ".join(map(str, idx[:10])) + (f" and {len(idx) - 10} more" if len(idx) > 10 else "")
+    nodes = tuple(n for ns in unknown.values() for n in ns)
+    where = ", ".join(n.name for n in nodes[:6]) + (", ..." if len(nodes) > 6 else "")
+    if extra:
+        said = "; ".join(f"{e.kind} on {e.tensor} ({' vs '.join(e.nodes)})" for e in extra[:3]) + ("; ..." if len(extra) > 3 else "")
+        verdict = f"As streams of their own they would give {len(extra)} more error(s): {said}."
+    else: verdict = "As streams of their own they would give no more errors: the verdict does not depend on it."
+    some = "{" + ", ".join(map(str, idx[:10])) + (", ..." if len(idx) > 10 else "") + "}"
+    if any(get_stream(n) == key for n in san.nodes):
+        verdict += f"\nAs the active registry says, it also takes index {key}, on which nodes of this graph run, as the current stream."
+    san.flag("unknown_stream", None, nodes, tuple(idx),
+             f"streamnb warning: stream index(es) {names} are named only by stream ops ({where}), no node runs on them, "
+             f"and the registry does not know them. PyTorch hands out a fresh index each time a pass asks for the current "
+             f"stream, so they may be the current stream: the sanitizer assumed they are.\n{verdict}\n"
+             f"To tell it: sanitize(gm, current_streams={some}) if they are the current stream, "
+             f"sanitize(gm, current_streams=()) if they are streams of their own, or sanitize(gm, registry=...) with the "
+             f"registry that handed them out.", severity="warning", if_separate=extra)
 
 # %% ../nbs/10_sanitizer.ipynb #2ee3a316
 def _stalls(san: _Sanitizer, estimate: Callable[[Node], float], tol: float = 1e-12) -> None:

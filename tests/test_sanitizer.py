@@ -38,7 +38,14 @@ def test_race_and_its_fix():
 
 
 def test_wait_on_wrong_stream_and_third_stream_consumer():
-    assert sanitize(producer_consumer(wait_stream=2)).kinds == ["race"]
+    reg = StreamRegistry(current_stream=0)
+    assert sanitize(producer_consumer(wait_stream=2), registry=reg).kinds == ["race"]
+    # told nothing, the sanitizer cannot know that 2 (no node runs on it) is not the current stream: a warning
+    rep = sanitize(producer_consumer(wait_stream=2))
+    assert rep.ok and rep.kinds == ["unknown_stream"] and rep.warnings[0].streams == (2,)
+    assert [(e.kind, e.nodes) for e in rep.warnings[0].if_separate] == [("race", ("add", "mul"))]
+    assert sanitize(producer_consumer(wait_stream=2), current_streams=()).kinds == ["race"]
+    assert "also takes index 0" in rep.warnings[0].message   # add runs on 0, the default registry's current stream
     # defect 1's shape: a second consumer on a third stream without its own wait
     b = GraphBuilder(); x = b.input("x")
     m = b.op(aten.mul.Tensor, x, x, stream=1)
@@ -91,7 +98,9 @@ def test_unsafe_reuse_and_both_fixes():
     assert "freed memory" in str(rep)
     assert sanitize(side_read("record_stream")).ok
     assert sanitize(side_read("sync_dealloc")).ok
-    assert sanitize(side_read("sync_dealloc", dealloc_stream=2)).kinds == ["unsafe_reuse"]   # waits on the wrong stream
+    wrong = side_read("sync_dealloc", dealloc_stream=2)     # waits on the wrong stream
+    assert sanitize(wrong, registry=StreamRegistry(current_stream=0)).kinds == ["unsafe_reuse"]
+    assert [e.kind for e in sanitize(wrong).warnings[0].if_separate] == ["unsafe_reuse"]   # 2 might be the current stream
     rep = sanitize(side_read("both"))
     assert rep.ok and rep.kinds == ["redundant_free"]
 
@@ -158,6 +167,46 @@ def test_current_stream_indices_are_one_stream():
     gm = b.output(a)
     assert sanitize(gm, registry=reg).ok
     assert sanitize(gm, registry=StreamRegistry(start=10, current_stream=0)).kinds == ["race", "unsafe_reuse"]
+
+
+def foreign_graph():
+    "PyTorch 2.13's shape: the wait before an unannotated consumer names a fresh current-stream index (11)."
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(REC, 10, 1); b.sync(WAIT, 10, 11)
+    return b.output(b.op(aten.add.Tensor, m, x), m)
+
+
+def test_unknown_stream_index_is_a_warning_not_a_race():
+    rep = sanitize(foreign_graph())
+    assert rep.ok and rep.kinds == ["unknown_stream"]
+    w = rep.warnings[0]
+    assert w.severity == "warning" and w.streams == (11,) and w.nodes == ("wait_event_default",)
+    assert "11" in w.message and "current_streams={11}" in w.message and "registry" in w.message
+    assert [(e.kind, e.nodes) for e in w.if_separate] == [("race", ("add", "mul"))]
+    assert sanitize(foreign_graph(), current_streams={11}).kinds == []
+    assert sanitize(foreign_graph(), current_streams=()).kinds == ["race"]
+    reg = StreamRegistry(start=11); assert reg.get_current_stream("meta") == 11
+    assert sanitize(foreign_graph(), registry=reg).kinds == []          # the registry that handed 11 out knows it
+    assert sanitize(foreign_graph(), reorder=True).kinds == ["reorderable", "unknown_stream"]   # int-only syncs
+
+
+def test_verdict_independent_of_the_unknown_index_says_so():
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(REC, 10, 1); b.sync(WAIT, 10, 11); b.sync(WAIT, 10, 0)   # the current stream waits anyway
+    rep = sanitize(b.output(b.op(aten.add.Tensor, m, x), m))
+    assert rep.kinds == ["unknown_stream"] and rep.warnings[0].if_separate == ()
+    assert "no more errors" in rep.warnings[0].message
+
+
+@pytest.mark.parametrize("device,kinds", [("cpu", []), ("meta", ["race", "unsafe_reuse"])])
+def test_cpu_tensors_never_race(device, kinds):
+    b = GraphBuilder(device=device); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    n = b.op(aten.neg.default, m, stream=2)
+    b.op(aten.add_.Tensor, m, x, stream=3)                  # a write after the read on stream 2
+    assert sorted(set(sanitize(b.output(n)).kinds)) == kinds
 
 
 def wrap(gm, sync, deps, through):
