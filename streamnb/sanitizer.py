@@ -228,6 +228,8 @@ class _Sanitizer:
         self.vc = VectorClocks()
         self.do = DataOrder(gm) if reorder else None
         self.records: dict = {}      # event -> its last record_event node so far
+        self.recorded_in_graph = {op.event for n in self.gm.graph.nodes                # events some node records
+                               if (op := decode(n, self.gm)) is not None and op.kind == "record_event"}
         self.waits: list = []        # (wait or sync_dealloc node, its stream, the record it waited for), in program order
         self.recorded_on: dict = {}  # record node -> its stream
         self.pos = pos
@@ -287,6 +289,7 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
 
 # %% ../nbs/10_sanitizer.ipynb #6174322b
 def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
+    if e not in san.recorded_in_graph: return   # recorded before the graph runs: nothing in the graph to order after
     san.flag("wait_without_record", None, (n,), (s,),
              f"streamnb: {n.name} waits on event {e}, which no record_event before it records.\n"
              f"CUDA treats an event that was never recorded as complete, so the wait orders nothing.")

@@ -409,3 +409,17 @@ def test_pytorch_joint_graph():
         return [e for e in sanitize(gm, registry=reg).errors if "is_forward" not in {tag[n] for n in e.nodes}]
     assert {e.kind for e in backward_only(before)} == {"race", "unsafe_reuse"}
     assert backward_only(after) == []
+
+
+def test_wait_on_an_event_recorded_before_the_graph_is_no_error():
+    "Correction 12's other half: an event the graph never records was recorded before it runs; the wait orders nothing inside."
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(WAIT, 10, 0)
+    n = b.op(aten.neg.default, x, stream=0)
+    assert sanitize(b.output(n, m)).ok
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(WAIT, 10, 0)
+    a = b.op(aten.add.Tensor, m, x, stream=0)
+    assert sanitize(b.output(a, m)).kinds == ["race"]     # ... and orders nothing: the cross-stream read still races
