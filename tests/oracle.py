@@ -157,8 +157,9 @@ def torch_pass(impl: types.ModuleType, name: str, mode: str) -> Callable:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def copy_gm(gm: GraphModule) -> GraphModule:
-    """An independent copy of `gm` for a second run of the passes.
+def copy_gm(gm: GraphModule, cls: type = GraphModule) -> GraphModule:
+    """An independent copy of `gm` for a second run of the passes, as a `cls` (e.g. FX's `_LazyGraphModule`,
+    what AOTAutograd hands to the passes: its code is generated only when used).
 
     Node metas are copied shallowly (tensors in `val`/`value` are shared: the passes never change them), except
     `custom`, which `set_stream` updates in place: those dicts are deep-copied with one memo, so nodes that
@@ -170,7 +171,7 @@ def copy_gm(gm: GraphModule) -> GraphModule:
         new = env[old] = g.node_copy(old, lambda a: env[a])
         new.meta = dict(old.meta)
         if "custom" in old.meta: new.meta["custom"] = copy.deepcopy(old.meta["custom"], memo)
-    new_gm = GraphModule(gm, g)
+    new_gm = cls(gm, g)
     new_gm.meta.update({k: v for k, v in gm.meta.items() if k != "streamnb_passes"})
     return new_gm
 
