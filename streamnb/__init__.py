@@ -26,3 +26,4 @@ from .trace import to_chrome_trace, write_chrome_trace
 from .sanitizer import Report, SanitizerError, sanitize
 from .capturing import Capture, capture
 from .explainer import Explanation, explain
+from .compiling import DynamoRegistry, UnsupportedTorchError, executor_backend, use_streamnb_passes

@@ -26,8 +26,9 @@ from .streamops import decode
 
 # %% auto #0
 __all__ = ['TORCH_STREAM_PASSES', 'PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError',
-           'AnnotationError', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs', 'add_control_deps_vals',
-           'partition', 'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
+           'AnnotationError', 'EagerRunError', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs',
+           'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture',
+           'eager']
 
 # %% ../nbs/11_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -43,6 +44,8 @@ class PartitionError(CaptureError):
     "AOTAutograd's partitioner rejected the processed joint graph."
 class AnnotationError(CaptureError, StreamAnnotationError):
     "A stream annotation in the captured graph is not an int."
+class EagerRunError(CaptureError):
+    "`frontend=\"dynamo\"` runs the program eagerly once, and that run cannot happen on this machine."
 
 # %% ../nbs/11_capture.ipynb #eaf286a3
 TORCH_STREAM_PASSES = (*PIPELINE_ORDER, populate_fw_metadata_with_stream_indices.__name__)
@@ -234,6 +237,24 @@ def _flat_fn(fn, param_names, buffer_names, spec_box):
         return leaves
     return flat_fn
 
+_NO_EVENTS = ("doesn't support events", "Accelerator expected")   # torch's words for "no events / streams here"
+
+def _run_eagerly_once(flat_fn: Callable, flat: list, name: str) -> None:
+    "frontend='dynamo': dynamo does not replay the Python side effects of `flat_fn` (the output spec): run it once, or say why it cannot run here."
+    try:
+        with torch.no_grad(): flat_fn(*flat)
+    except StreamnbError: raise
+    except Exception as e:
+        msg = (str(e).splitlines()[0] if str(e) else "").rstrip(".")
+        why = ("it records or waits on events (or asks for the current stream) of a device whose backend has none "
+               "(torch's CPU backend has no events), so it cannot run on this machine; capture it on a machine with "
+               "that accelerator, or mark its regions with streamnb.examples.on_stream (annotate) and use the default "
+               "frontend, which never runs the program" if any(w in msg for w in _NO_EVENTS) else
+               "fix the program so that it runs eagerly on the example inputs")
+        raise EagerRunError(f"capture(frontend='dynamo') runs {name} eagerly once on the example inputs (dynamo does not "
+                            f"replay its Python side effects), and that run failed: {type(e).__name__}: {msg}. "
+                            f"Cause: {why}") from e
+
 def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "aot", device: str = "meta") -> Capture:
     "Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are before any stream pass."
     fn = fn_or_module
@@ -252,8 +273,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                           "backward graph; call .requires_grad_() on an input")
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
-    if frontend == "dynamo":             # dynamo does not replay the Python side effects of flat_fn: run it once
-        with torch.no_grad(): flat_fn(*flat)
+    if frontend == "dynamo": _run_eagerly_once(flat_fn, flat, name)
     try: got = _trace_joint(flat_fn, flat, frontend)
     except StreamnbError: raise
     except Exception as e:

@@ -323,3 +323,26 @@ def test_upstream_matches_eager_where_it_partitions(name, partitioner, tmp_path,
     torch.manual_seed(1)
     xs = tuple(torch.randn_like(x).requires_grad_(x.requires_grad) for x in inputs)
     assert_same(pc.run(*xs), eager(model, *xs))
+
+
+def test_dynamo_frontend_eager_run_that_cannot_happen_here():
+    "Issue 12, item 4: the dynamo frontend's one eager run fails on CPU events: a streamnb error naming the cause."
+    from streamnb.capturing import EagerRunError
+    s1 = torch.Stream(device="cpu")
+    def with_events(x):
+        e = torch.Event(device="cpu")
+        with s1:
+            a = x.sin(); e.record(s1)
+        e.wait()
+        return a * 2
+    with pytest.raises(EagerRunError, match=r"runs with_events eagerly once .* RuntimeError: cpu backend doesn't support "
+                                           r"events\. Cause: it records or waits on events") as e:
+        capture(with_events, torch.randn(3, requires_grad=True), frontend="dynamo")
+    assert isinstance(e.value, CaptureError) and isinstance(e.value.__cause__, RuntimeError)
+    def raises(x): raise ValueError("not today")
+    with pytest.raises(EagerRunError, match="ValueError: not today. Cause: fix the program"):
+        capture(raises, torch.randn(3, requires_grad=True), frontend="dynamo")
+    def annotated(x):   # the same program as annotated regions: the default frontend never runs it
+        with torch.fx.traceback.annotate({"stream": 1}): a = x.sin()
+        return a * 2
+    assert capture(annotated, torch.randn(3, requires_grad=True)).streams == {1}

@@ -5,7 +5,8 @@
 #    $TMPDIR/streamnb-venv-gpu (a CPU build of torch 2.13.0 in .venv would satisfy the constraint, so it is not
 #    reused). On Linux x86_64, torch==2.13.0 from PyPI (constraints.txt) is the CUDA build. The install needs PyPI
 #    and is not counted in the 5 minutes.
-# 2. runs the `#| cuda` cells of every notebook that has them (nbdev_test --flags cuda) and tests/test_cuda.py;
+# 2. runs the `#| cuda` cells of every notebook that has them (nbdev_test --flags cuda), tests/test_cuda.py and the
+#    CUDA tests of tests/test_compile.py (use_streamnb_passes with torch's own runtime);
 # 3. executes those notebooks in place with their outputs saved (jupyter nbconvert --execute --inplace), cleans
 #    them (nbdev_clean keeps outputs), and copies them, their figures (the cells write to $OUT/figures) and the
 #    logs to $OUT, to be brought back and committed.
@@ -50,6 +51,9 @@ echo "notebooks with cuda cells: ${NBS[*]:-none}"
 
 for nb in "${NBS[@]}"; do step "nbdev_test $nb" 150 nbdev_test --flags cuda --do_print --path "$nb"; done
 step "pytest tests/test_cuda.py" 150 pytest -q -rs -p no:cacheprovider tests/test_cuda.py
+# use_streamnb_passes under torch.compile with torch's own runtime (aot_eager) on CUDA streams: the test_cuda_* tests
+# of tests/test_compile.py (skipped without CUDA; -rs lists any skip)
+step "pytest tests/test_compile.py -k cuda" 150 pytest -q -rs -p no:cacheprovider tests/test_compile.py -k cuda
 for nb in "${NBS[@]}"; do
   # --allow-errors: the notebook is saved with every output even if a cell fails; the grep then flags the failure
   step "execute $nb" 180 jupyter nbconvert --to notebook --execute --inplace --allow-errors \

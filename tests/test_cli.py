@@ -1,0 +1,84 @@
+"""`streamnb explain FILE.py:FACTORY` (issue 12, item 6): the same outputs as `streamnb demo`; one clear line and exit
+status 2 for a wrong path, a missing factory or a factory that raises."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamnb.cli import FactoryError, load_factory, main
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")
+
+FACTORIES = '''
+import torch
+from streamnb.examples import transformer_block_example, make_model
+def factory(): return transformer_block_example()
+def small(): return make_model("two_branch_mlp")
+def one_tensor():
+    model, (x,) = make_model("side_stream_consumer"); return model, x
+def broken(): raise ValueError("no weights here")
+def wrong(): return 42
+def not_tensors(): return torch.nn.Linear(2, 2), (3,)
+'''
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    p = tmp_path / "my_model.py"
+    p.write_text(FACTORIES)
+    return p
+
+
+def error_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("streamnb: error: ") and "Traceback" not in err
+    return err.strip()
+
+
+def test_explain_writes_what_demo_writes(src, tmp_path, capsys):
+    demo, mine = tmp_path / "demo", tmp_path / "mine"
+    assert main(["demo", "--out", str(demo), "--quiet"]) == 0
+    demo_stdout = capsys.readouterr().out
+    assert main(["explain", f"{src}:factory", "--out", str(mine), "--quiet"]) == 0
+    assert capsys.readouterr().out == demo_stdout
+    names = sorted(p.name for p in demo.iterdir())
+    assert sorted(p.name for p in mine.iterdir()) == names and len(names) == 9
+    for n in names:
+        if n.endswith(".png"): assert (mine / n).stat().st_size > 0
+        else: assert (mine / n).read_bytes() == (demo / n).read_bytes(), n
+
+
+def test_explain_small_model_and_a_bare_tensor(src, tmp_path, capsys):
+    assert main(["explain", f"{src}:small", "--out", str(tmp_path / "a"), "--quiet", "--device", "A100"]) == 0
+    assert "mode" in capsys.readouterr().out and (tmp_path / "a" / "summary.txt").exists()
+    model, inputs = load_factory(f"{src}:one_tensor")
+    assert isinstance(inputs, tuple) and len(inputs) == 1
+
+
+def test_user_errors(src, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "o"), "--quiet"]
+    assert "nope.py: no such file" in error_line(capsys, ["explain", f"{tmp_path}/nope.py:factory", *out])
+    assert "has no function 'make' (it defines factory, small" in error_line(capsys, ["explain", f"{src}:make", *out])
+    assert "broken() raised ValueError: no weights here" in error_line(capsys, ["explain", f"{src}:broken", *out])
+    assert "expected FILE.py:FACTORY" in error_line(capsys, ["explain", str(src), *out])
+    assert "must return (model, inputs), got int" in error_line(capsys, ["explain", f"{src}:wrong", *out])
+    assert "a tuple of tensors" in error_line(capsys, ["explain", f"{src}:not_tensors", *out])
+    bad = tmp_path / "bad.py"
+    bad.write_text("import not_a_module_anywhere\n")
+    assert "importing it raised ModuleNotFoundError" in error_line(capsys, ["explain", f"{bad}:factory", *out])
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(FactoryError): load_factory(f"{src}:broken")
+
+
+def test_command_line_exit_status(src, tmp_path):
+    "As a user runs it: one line on stderr, status 2."
+    exe = Path(sys.executable).parent / "streamnb"
+    if not exe.exists(): pytest.skip("the streamnb console script is not installed next to this python")
+    r = subprocess.run([str(exe), "explain", f"{src}:broken", "--out", str(tmp_path / "o"), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [f"streamnb: error: {src}:broken: broken() raised ValueError: no weights here"]
