@@ -16,6 +16,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.graph import _Namespace, _name_regex
 from torch.fx.immutable_collections import immutable_dict
 
 # %% auto #0
@@ -42,6 +43,22 @@ def paused_gc() -> Iterator[None]:
 
 # %% ../nbs/00b_fastfx.ipynb #ada72c8f
 _TARGET_NAMES: dict[Any, str] = {}
+_NAME_PARTS: dict[str, tuple] = {}   # candidate -> (kept as is by a fresh namespace, base, number, number written out)
+
+def _unique_name(ns: _Namespace, candidate: str) -> str:
+    "`ns.create_name(candidate, None)`, without its regex where the candidate is free (a sync subgraph's names are)."
+    parts = _NAME_PARTS.get(candidate)
+    if parts is None:   # what a fresh namespace makes of it, once per candidate
+        fresh, m = _Namespace(), _name_regex.match(candidate)
+        kept = fresh.create_name(candidate, None) == candidate
+        parts = _NAME_PARTS[candidate] = (kept and m is not None, *next(iter(fresh._base_count.items())),
+                                          m is not None and m.group(2) is not None)
+    kept, base, num, explicit = parts
+    if not kept or candidate in ns._used_names or (not explicit and base in ns._base_count):
+        return ns.create_name(candidate, None)   # a taken name or base: FX's search
+    ns._used_names.add(candidate)
+    ns._base_count[base] = num
+    return candidate
 
 def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
                 name: str | None = None) -> Node:
@@ -50,7 +67,7 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
     ns = graph._graph_namespace
     if name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per target
         name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, graph._target_to_str(target))
-    name = ns.create_name(name, None)
+    name = _unique_name(ns, name)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)
     owner = graph.owning_module
     if owner is not None and getattr(owner, "_create_node_hooks", None) is not None:

@@ -23,8 +23,10 @@ def _run(seed, fast, upstream, monkeypatch):
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         run_stream_passes(gm, upstream=upstream)
     subs = {n: _module_state(m) for n, m in gm.named_children()}
+    names = [(g._graph_namespace._used_names, g._graph_namespace._base_count)
+             for g in [gm.graph, *(m.graph for _, m in gm.named_children())]]
     metas = [(n.name, sorted(n.meta)) for n in gm.graph.nodes]
-    return canonical(gm), subs, metas, gm.code
+    return canonical(gm), subs, metas, gm.code, names
 
 
 @pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
