@@ -154,6 +154,17 @@ def _seed_sync_deallocations(gm: GraphModule, mechanism: str, device) -> None:
                 handle_synced_deallocation(gm.graph, stream_to_exec_trace, node, last_user,
                                            upstream=True, mechanism=mechanism, device=device)
 
+def _all_stream_timelines(graph: Graph, device) -> dict[int | None, _Timeline]:
+    """`populate_stream_timeline` for every stream in one walk. Default mode only: there the inserted syncs (no `val`)
+    are not part of a timeline, so a stream's timeline is the same whenever the pass first asks for it."""
+    timelines: dict = {}; total: dict = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and is_bwd_node(node) and "val" in node.meta:
+            s = get_stream(node)
+            total[s] = total.get(s, 0.0) + get_roofline_estimate(node, device=device)
+            timelines.setdefault(s, _Timeline())[node] = total[s]
+    return timelines
+
 def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: str = "sync_dealloc",
                        device: str | DeviceSpec = "H100") -> None:
     "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
@@ -162,7 +173,7 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     if upstream: _seed_sync_deallocations(gm, mechanism, device)
     else:
-        stream_to_exec_trace: dict = {}
+        stream_to_exec_trace = _all_stream_timelines(gm.graph, device)
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or not is_bwd_node(node) or node.target in OPS: continue
             for last_usage in _side_stream_last_uses(node) or []:

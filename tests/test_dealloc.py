@@ -372,3 +372,15 @@ def test_upstream_matches_torch_on_generated_graphs(recipe, mechanism):
     theirs = outcome(lambda g: torch_sync_deallocations(g, mechanism), build(recipe), 10)
     ours = outcome(lambda g: sync_deallocations(g, upstream=True, mechanism=mechanism), build(recipe), 10)
     assert ours == theirs
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_all_timelines_in_one_walk_equal_the_seeds_per_stream_walks(seed):
+    import graphgen
+    from streamnb.dealloc import _all_stream_timelines
+    from streamnb.graph import get_stream
+    gm = graphgen.random_backward_graph(seed, n_nodes=40)
+    one = _all_stream_timelines(gm.graph, "H100")
+    for s in {get_stream(n) for n in gm.graph.nodes}:
+        per = populate_stream_timeline({}, gm.graph, s)
+        assert dict(one.get(s, {})) == dict(per)
