@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from torch.fx import GraphModule, Node
-from torch.fx.node import map_arg
 
 from .streamops import StreamOp, decode, reserve_indices_in_use
 from .graph import (aten, begin_pass, correction, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,

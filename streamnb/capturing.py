@@ -20,7 +20,7 @@ from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import (PIPELINE_ORDER, StreamnbError, StreamAnnotationError, StreamRegistry, use_registry,
-                            get_stream, is_bwd_node, is_control_deps, describe)
+                            get_stream, is_bwd_node, is_control_deps)
 from .metadata import populate_fw_metadata_with_stream_indices
 from .streamops import decode
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn as nn
 from torch.fx import GraphModule
 
 from .capturing import Capture, PartitionError, capture

@@ -5,7 +5,6 @@
 # %% ../nbs/09_plot.ipynb #28528310
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import matplotlib.pyplot as plt

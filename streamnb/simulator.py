@@ -8,15 +8,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
-from torch.fx.node import map_arg
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, streams
-from .streamops import (OPS, StreamOp, VectorClocks, current_stream_key, decode, is_view, owner,
+from .graph import StreamnbError, StreamRegistry, get_registry, get_stream
+from .streamops import (StreamOp, VectorClocks, current_stream_key, decode, is_view, owner,
                                physical_stream, storages)
 from .cost import get_roofline_estimate
 
@@ -297,7 +296,6 @@ def cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, de
 # %% ../nbs/08_simulate.ipynb #53be9128
 def last_uses(nodes: list[Node], base: dict[Node, Node | None]) -> dict[Node, int | None]:
     "For each memory base, the position of its last use in graph order (None: a graph output, never freed)."
-    pos = {n: i for i, n in enumerate(nodes)}
     last: dict[Node, int | None] = {}
     for i, n in enumerate(nodes):
         b = base.get(n)
