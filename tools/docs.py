@@ -5,7 +5,7 @@ settings.ini's `doc_path` (`_docs/`); open `_docs/index.html`, or serve it: `pyt
 
 What this script does before Sphinx runs, in `build/docs-src/` (the notebooks in nbs/ are never touched):
 - the pages: `nbs/index.ipynb` first, then every other notebook in file-name order (names starting with `_` or `.`
-  are skipped, as nbdev skips them), each named as nbdev names its page (`02_backward_streams.ipynb` ->
+  are skipped, as nbdev skips them), each named as nbdev names its page (`10_backward_streams.ipynb` ->
   `backward_streams.html`, so the links in `streamnb/_modidx.py` work on this site);
 - nbdev's directives: `#| hide` cells are dropped, directive lines (`#| export`, `#| default_exp` ...) are removed,
   `#| hide_line` lines, `%` magics and ANSI escapes go, `#| echo: false` / `#| output: false` hide input / output,

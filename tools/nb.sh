@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Authoring helper: execute notebooks in place (outputs and plots saved), clean them, export the library.
-#   bash tools/nb.sh nbs/03_syncs.ipynb [more notebooks...]
+#   bash tools/nb.sh nbs/11_syncs.ipynb [more notebooks...]
 # A notebook whose cells carry `#| cuda` must keep them at the end: on a CPU machine execution stops there,
 # so this script executes with --allow-errors only for those, and you should check the output.
 set -euo pipefail
