@@ -2,11 +2,12 @@
 
 The seed's passes under the seed's names (`upstream=True` for PyTorch's behaviour node for node), the stream-op model
 they and everything after them share (`streamnb.streamops`), the simulator, plots, trace export, sanitizer, capture
-of real models, the CUDA executor and explain.
+of real models, the CUDA executor, explain, and automatic stream assignment (`assign_streams`).
 
 The functions `streamnb.simulate`, `streamnb.capture` and `streamnb.explain` live in the modules
 `streamnb.simulator`, `streamnb.capturing` and `streamnb.explainer` (`import streamnb.simulator as m` gives the
-module); the example models and graphs are in `streamnb.examples`.
+module); the example models and graphs (and the course's running example) are in `streamnb.examples`, the graders of
+the course's exercises in `streamnb.exercises`.
 """
 __version__ = "0.1.0"
 
@@ -27,3 +28,4 @@ from .sanitizer import Report, SanitizerError, sanitize
 from .capturing import Capture, capture
 from .explainer import Explanation, explain
 from .compiling import DynamoRegistry, UnsupportedTorchError, executor_backend, use_streamnb_passes
+from .choosing import assign_streams

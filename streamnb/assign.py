@@ -38,6 +38,7 @@ def _epilogue_val_readers(gm: GraphModule) -> set[Node]:
     return {c.args[1] for c in gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
             if get_stream(c.args[1]) is None and get_stream(c) is not None}
 
+# %% ../nbs/10_backward_streams.ipynb #25f976bc
 def _joins(op: StreamOp, stream: int, recorded_on: dict) -> bool:
     "Does the sync `op` order later work (on another stream, or the host's) after `stream`'s work so far?"
     if op.kind == "wait_stream": return op.streams[1] == stream
@@ -55,6 +56,7 @@ def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
         elif after_src and _joins(op, stream, recorded_on): return n
     return None
 
+# %% ../nbs/10_backward_streams.ipynb #974e0427
 @correction(13, "10_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's join "
             "of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch #197416)",
             "the copy moves before the first join after its source (unless a node in between reads the input)")
@@ -64,6 +66,7 @@ def _write_back_before_join(gm: GraphModule, copy: Node) -> None:
     if join is None or any(join < u < copy for u in copy.args[0].users): return
     join.prepend(copy)
 
+# %% ../nbs/10_backward_streams.ipynb #a5361c0f
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
     if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=_epilogue_val_readers(gm)): return

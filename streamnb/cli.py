@@ -19,7 +19,7 @@ from .graph import StreamnbError
 from .trace import write_chrome_trace
 
 # %% auto #0
-__all__ = ['write_explanation', 'FactoryError', 'load_factory', 'parser', 'main']
+__all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignment', 'assign_table', 'parser', 'main']
 
 # %% ../nbs/18_cli.ipynb #ea7301c7
 def write_explanation(ex, out: Path) -> list[Path]:
@@ -74,6 +74,27 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 # %% ../nbs/18_cli.ipynb #3f6f6e80
+def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
+    "Write the table, one Chrome trace per assignment and a picture of the timelines into `out`; return the files."
+    from streamnb.choosing import format_table
+    from streamnb.plot import plot_timeline
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.txt").write_text(format_table(rows) + "\n", encoding="utf-8")
+    traces = []
+    for (model, strategy), tl in timelines.items():
+        traces.append(out / f"trace_{strategy}.json")
+        write_chrome_trace(traces[-1], tl)
+    fig = plot_timeline(*timelines.values(), marks=("waits",), width=12)
+    fig.savefig(out / "timelines.png", dpi=110); plt.close(fig)
+    return sorted([out / "table.txt", out / "timelines.png", *traces])
+
+def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100") -> tuple[list, dict]:
+    "Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21): the rows and the timelines."
+    from streamnb.capturing import capture
+    from streamnb.choosing import judge
+    return judge({name: capture(model, *inputs).backward}, side_streams=side_streams, device=device)
+
+# %% ../nbs/18_cli.ipynb #7ab21f8a
 def parser() -> argparse.ArgumentParser:
     "The command line of `streamnb`."
     p = argparse.ArgumentParser(prog="streamnb", description=(
@@ -90,7 +111,16 @@ def parser() -> argparse.ArgumentParser:
                        "factory() must return (model, inputs), the model an nn.Module or function, inputs a tuple of "
                        "tensors (at least one requires grad, or the model has parameters).")
     e.add_argument("target", metavar="FILE.py:FACTORY", help="a Python file and the function in it that builds the model")
-    for q, default in ((d, "streamnb-demo"), (e, "streamnb-explain")):
+    a = sub.add_parser("assign", help="choose the streams of a model's backward four ways and compare them",
+                       description="Assign the backward of the transformer-block example (or of the model FACTORY in "
+                       "FILE.py returns) to streams four ways: one stream, apex's critical path, Nimble's chain cover and "
+                       "streamnb's; print the table (streams, cross-stream edges, syncs before/after minimisation, "
+                       "makespan with free overlap and with contention, peak memory, lower bound, sanitizer) and write "
+                       "it, the timelines picture and one Perfetto trace per assignment into OUT. Estimates, not "
+                       "measurements.")
+    a.add_argument("target", nargs="?", metavar="FILE.py:FACTORY", help="your model (default: the demo model)")
+    a.add_argument("--side-streams", type=int, default=2, metavar="K", help="side streams to use (default: %(default)s)")
+    for q, default in ((d, "streamnb-demo"), (e, "streamnb-explain"), (a, "streamnb-assign")):
         q.add_argument("--out", default=default, metavar="DIR",
                        help="folder to write the results into; created if missing (default: %(default)s)")
         q.add_argument("--device", default="H100", choices=sorted(DEVICE_SPECS),
@@ -98,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--quiet", action="store_true", help="print only the summary")
     return p
 
+# %% ../nbs/18_cli.ipynb #d956a7bc
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `streamnb` command; returns the exit status."
     args = parser().parse_args(argv)
@@ -111,18 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     try:
         if out.exists() and not out.is_dir(): raise StreamnbError(f"--out {out}: exists and is not a folder")
-        if args.command == "demo":
+        if getattr(args, "side_streams", 0) < 0: raise StreamnbError(f"--side-streams {args.side_streams}: must be >= 0")
+        if getattr(args, "target", None) is None:
             say("building the transformer-block example (attention on stream 1, MLP on stream 2)")
             model, inputs = transformer_block_example()
         else:
             say(f"building the model: {args.target}")
             model, inputs = load_factory(args.target)
-        ex = explain(model, *inputs, device=args.device, log=say)
-        say(f"writing results to {out}/")
-        files = write_explanation(ex, out)
+        if args.command == "assign":
+            say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
+            rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
+                                     side_streams=args.side_streams, device=args.device)
+            files = write_assignment(rows, tls, out)
+            text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
+        else:
+            ex = explain(model, *inputs, device=args.device, log=say)
+            say(f"writing results to {out}/")
+            files, text = write_explanation(ex, out), ex.summary_text()
     except (StreamnbError, OSError) as e:
         print(f"streamnb: error: {e}", file=sys.stderr)
         return 2
-    print(ex.summary_text())
+    print(text)
     say(f"done: {len(files)} files in {out}/")
     return 0

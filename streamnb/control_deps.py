@@ -20,7 +20,31 @@ from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, corr
 from .streamops import OPS
 
 # %% auto #0
-__all__ = ['EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap', 'wrap_all_sync_nodes_with_control_deps']
+__all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
+           'wrap_all_sync_nodes_with_control_deps', 'wrap_by_hand']
+
+# %% ../nbs/13_control_deps.ipynb #9c95ada6
+class HoistError(StreamnbError, ValueError):
+    "A node cannot be moved above another: it depends on it through data edges."
+
+def hoist_above(gm: GraphModule, node: Node | str, anchor: Node | str) -> None:
+    """Move `node`, with the nodes after `anchor` that it reads (directly or not), right before `anchor`: a legal order
+    of the data edges, as a scheduler may choose it. `HoistError` (before any change) if `node` depends on `anchor`."""
+    named = {n.name: n for n in gm.graph.nodes}
+    for n in (node, anchor):
+        if isinstance(n, str) and n not in named: raise StreamnbError(f"node {n}: no node of that name in the graph")
+    node, anchor = (named[n] if isinstance(n, str) else n for n in (node, anchor))
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    moved, todo = {node}, [node]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if i is anchor:
+                raise HoistError(f"node {node.name} depends on {anchor.name}: no order of the data edges puts it above")
+            if pos[i] > pos[anchor] and i not in moved: moved.add(i); todo.append(i)
+    for n in sorted(moved, key=pos.get):
+        if pos[n] > pos[anchor]: anchor.prepend(n)
+    gm.graph.lint()
+    gm.recompile()
 
 # %% ../nbs/13_control_deps.ipynb #74f82f7a
 def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Node], visited: set[Node], *,
@@ -102,6 +126,7 @@ def _read_across_later(v: Node, visited: set[Node]) -> bool:
     return any(u not in visited and u.op == "call_function" and u.target not in OPS and "val" in u.meta
                and get_stream(u) != get_stream(v) for u in v.users)
 
+# %% ../nbs/13_control_deps.ipynb #45be031e
 def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], visited: set[Node], recorded_on: int,
                                    values: dict[int | None, list[Node]]) -> list[Node]:
     "Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait."
@@ -124,6 +149,16 @@ def _drop_forward(sync_node: Node, deps: list[Node], forward_ctrls: set[Node] = 
     "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
     if not is_bwd_node(sync_node): return deps
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
+
+# %% ../nbs/13_control_deps.ipynb #005b3c0f
+def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
+    "`deps` with each multi-output node (a tuple `val`) replaced by its getitems walked so far (if it has any)."
+    out = []
+    for d in deps:
+        multi = isinstance(d.meta.get("val"), (tuple, list)) and not is_control_deps(d)
+        got = [u for u in d.users if u.target is operator.getitem and u in visited] if multi else []
+        out += got or [d]
+    return out
 
 # %% ../nbs/13_control_deps.ipynb #5e11cf11
 def _chained(nodes: list[Node]) -> list[Node]:
@@ -215,68 +250,68 @@ class SeedWrap:
 
 # %% ../nbs/13_control_deps.ipynb #22c72488
 class CorrectedWrap(SeedWrap):
-    "streamnb's default: the seed's decisions, corrected."
-    ops = SYNC_OPS + (streams.wait_stream.default,)   # correction 11
+    "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
+    ops = SYNC_OPS + (streams.wait_stream.default,)                                            # 11
     def __init__(self, strict: bool = False): self.strict = strict
     def check(self, gm: GraphModule) -> None:
-        if self.strict: check_events_recorded(gm)
+        if self.strict: check_events_recorded(gm)                                             # 12
     def start(self, w: _Walk) -> None:
         w.values = {}                                  # every value so far per stream, and the getitems for it (6)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
         w.forward_ctrls = set()                        # ctrls of forward syncs (7)
-
-    @correction(8, "13_control_deps", "a sync right after another on its stream is left bare and can float",
-                "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl")
-    def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)
-    def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:
-        w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]   # correction 8
-    def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:
+    def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)            # 8
+    def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
+        w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
+    def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:                              # 8
         if ctrl is None: return super().after_barrier(w, ctrl)
-        for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]     # correction 8
-
-    @correction(9, "13_control_deps", "`sync_dealloc` has no data edge from its `record_event`",
-                "the freed tensor is threaded through the record")
-    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
+        for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]
+    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:            # 9
         return deps + [t for t in _dealloc_tensors(w.deallocs.get(record, ())) if t not in deps]
-
     def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
-        deps = list(dict.fromkeys(self.backward_deps(w, node, deps)))   # (a chained ctrl may come twice)
+        deps = list(dict.fromkeys(self.tuple_deps(w, self.backward_deps(w, node, deps))))   # (no repeats)
         return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
-
-    @correction(7, "13_control_deps", "backward syncs depend on forward values: AOTAutograd's partitioner rejects real "
-                "joint graphs", "backward syncs never depend on forward values")
-    def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:
+    def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:            # 7
         return _drop_forward(node, deps, w.forward_ctrls)
-
-    @correction(6, "13_control_deps", "a consumer after a `wait_event` does not depend on it: a scheduler may hoist it "
-                "(PyTorch #193409)", "its cross-stream inputs are threaded through the wait")
-    def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
+    def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
+    def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
         return _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
-
-    @correction(12, "13_control_deps", "wraps a `wait_event` on an event recorded before the graph runs (in the forward, "
-                "or by the caller) after its stream's nodes only: what reads the graph's inputs may move above it",
-                "such a wait is ordered after the graph's inputs, as newer PyTorch does (`strict=True` refuses it)")
-    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:
+    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:                   # 12
         return [*w.graph.find_nodes(op="placeholder"), *deps]
-
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if not is_bwd_node(node): w.forward_ctrls.add(ctrl)
+        if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
     def add(self, w: _Walk, node: Node) -> None:
         super().add(w, node)
         w.values.setdefault(get_stream(node), []).append(node)
-
-    @correction(11, "13_control_deps", "leaves `wait_stream` bare (it is not in `_SYNC_OPS`): a user's join can float "
-                "(torch 2.13 wraps it, PR #185627)", "`wait_stream` is wrapped: after the work of both streams, and "
-                "the waiting stream's later consumers read through it")
-    def wait_stream(self, w: _Walk, node: Node) -> None:
+    def wait_stream(self, w: _Walk, node: Node) -> None:                                       # 11
         waiting, waited_on = node.args
         ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting)], (waited_on, waiting))
         for s in (waited_on, waiting): w.after_sync(s, ctrl)
 
 # %% ../nbs/13_control_deps.ipynb #e2ca3de1
-_BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
+_CORRECTIONS = (   # (number, the method that implements it, what the seed does, what the default does instead)
+    (6, CorrectedWrap.consumers_inputs, "a consumer after a `wait_event` does not depend on it: a scheduler may hoist "
+     "it (PyTorch #193409)", "its cross-stream inputs are threaded through the wait"),
+    (7, CorrectedWrap.backward_deps, "backward syncs depend on forward values: AOTAutograd's partitioner rejects real "
+     "joint graphs", "backward syncs never depend on forward values"),
+    (8, CorrectedWrap.stream_deps, "a sync right after another on its stream is left bare and can float",
+     "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl"),
+    (9, CorrectedWrap.record_deps, "`sync_dealloc` has no data edge from its `record_event`",
+     "the freed tensor is threaded through the record"),
+    (11, CorrectedWrap.wait_stream, "leaves `wait_stream` bare (it is not in `_SYNC_OPS`): a user's join can float "
+     "(torch 2.13 wraps it, PR #185627)", "`wait_stream` is wrapped: after the work of both streams, and the waiting "
+     "stream's later consumers read through it"),
+    (12, CorrectedWrap.external_wait_deps, "wraps a `wait_event` on an event recorded before the graph runs (in the "
+     "forward, or by the caller) after its stream's nodes only: what reads the graph's inputs may move above it",
+     "such a wait is ordered after the graph's inputs, as newer PyTorch does (`strict=True` refuses it)"),
+    (14, CorrectedWrap.tuple_deps, "a user's forward sync after a multi-output op (`native_layer_norm`) depends on the "
+     "tuple node itself: AOTAutograd's partitioner rejects the graph ('Expected native_layer_norm to be a tensor')",
+     "the sync depends on the node's getitems instead (and a forward sync's `control_deps` stays in the forward)"),
+)
+for _n, _method, _seed, _fix in _CORRECTIONS: correction(_n, "13_control_deps", _seed, _fix)(_method)
 
+# %% ../nbs/13_control_deps.ipynb #c1406707
 class _Walk:
     "The wrap pass's state as it walks the graph once (the seed keeps the same dicts as local variables)."
     def __init__(self, gm: GraphModule, rules: SeedWrap):
@@ -317,33 +352,35 @@ class _Walk:
         ctrl, _ = self.wrap(node, self.all_stream_deps())
         self.rules.after_barrier(self, ctrl)
 
-    def event_sync(self, node: Node) -> None:
-        "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping."
-        event, target = node.args[0], node.target
-        if target is streams.synchronize_event.default:
-            stream, deps = self.event_to_stream.get(event), self.all_stream_deps()
-            if event not in self.event_to_stream:   # recorded outside the graph: order after the graph's inputs
-                deps = [*self.graph.find_nodes(op="placeholder"), *deps]
-        else:
-            stream, deps = node.args[1], self.stream_deps(node.args[1])
-        if target is not streams.record_event.default and event in self.event_to_ctrl:   # never above its record
-            deps = [self.event_to_ctrl[event], *deps]
-        if target is streams.synchronize_event.default: deps = [*deps, *self.event_to_passthrough.get(event, ())]
-        if target is streams.record_event.default: deps = self.rules.record_deps(self, node, deps)
-        crossing = None
-        if target is streams.wait_event.default:
-            if event in self.event_to_stream: crossing = (self.event_to_stream[event], stream)
-            else: deps = self.rules.external_wait_deps(self, deps)   # recorded before the graph runs
-        ctrl, passthrough = self.wrap(node, deps, crossing)
-        if target is streams.record_event.default:
-            self.event_to_stream[event] = stream
-            if ctrl is not None: self.event_to_ctrl[event] = ctrl
-            self.event_to_passthrough[event] = passthrough
-        if target is streams.synchronize_event.default: self.rules.after_barrier(self, ctrl)
-        else: self.after_sync(stream, ctrl)
+# %% ../nbs/13_control_deps.ipynb #1cc58641
+def _event_sync(w: _Walk, node: Node) -> None:
+    "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping."
+    event, target = node.args[0], node.target
+    if target is streams.synchronize_event.default:
+        stream, deps = w.event_to_stream.get(event), w.all_stream_deps()
+        if event not in w.event_to_stream:   # recorded outside the graph: order after the graph's inputs
+            deps = [*w.graph.find_nodes(op="placeholder"), *deps]
+    else:
+        stream, deps = node.args[1], w.stream_deps(node.args[1])
+    if target is not streams.record_event.default and event in w.event_to_ctrl:   # never above its record
+        deps = [w.event_to_ctrl[event], *deps]
+    if target is streams.synchronize_event.default: deps = [*deps, *w.event_to_passthrough.get(event, ())]
+    if target is streams.record_event.default: deps = w.rules.record_deps(w, node, deps)
+    crossing = None
+    if target is streams.wait_event.default:
+        if event in w.event_to_stream: crossing = (w.event_to_stream[event], stream)
+        else: deps = w.rules.external_wait_deps(w, deps)   # recorded before the graph runs
+    ctrl, passthrough = w.wrap(node, deps, crossing)
+    if target is streams.record_event.default:
+        w.event_to_stream[event] = stream
+        if ctrl is not None: w.event_to_ctrl[event] = ctrl
+        w.event_to_passthrough[event] = passthrough
+    if target is streams.synchronize_event.default: w.rules.after_barrier(w, ctrl)
+    else: w.after_sync(stream, ctrl)
 
-# %% ../nbs/13_control_deps.ipynb #c1406707
+# %% ../nbs/13_control_deps.ipynb #ae1efb05
 _PASS = "wrap_all_sync_nodes_with_control_deps"
+_BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
 
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False, strict: bool = False) -> None:
     """Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge.
@@ -362,7 +399,30 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
             if node.op == "call_function":
                 if node.target in _BARRIERS: w.barrier(node)
                 elif node.target is streams.wait_stream.default and node.target in rules.ops: rules.wait_stream(w, node)
-                elif node.target in rules.ops: w.event_sync(node)
+                elif node.target in rules.ops: _event_sync(w, node)
                 elif "val" in node.meta: rules.add(w, node)
             node = next_node
     if w.found_sync: gm.recompile()
+
+# %% ../nbs/13_control_deps.ipynb #a6b74611
+def wrap_by_hand(gm: GraphModule, deps: dict[str, list[str]]) -> GraphModule:
+    """Wrap each sync node named in `deps` after the nodes named for it, in graph order. A name stands for the node that
+    carries its value now (a sync: its `control_deps` node; a value passed through a sync: that getitem). Returns `gm`."""
+    now = {n.name: n for n in gm.graph.nodes}
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for name, ds in deps.items():   # every check before any change
+        if name not in now or now[name].op != "call_function" or now[name].target not in OPS:
+            raise StreamnbError(f"node {name}: no stream op of that name in the graph, nothing to wrap")
+        for d in ds:
+            if d not in now or pos[now[d]] >= pos[now[name]]:
+                raise StreamnbError(f"node {name}: its dep {d} is not a node before it")
+    visited: set[Node] = set()
+    for n in list(gm.graph.nodes):
+        visited.add(n)
+        if n.name not in deps: continue
+        ctrl, getitems = _wrap_sync_node(gm, n, [now[d] for d in deps[n.name]], visited)
+        stands_for = dict(zip(ctrl.args[2:], getitems))   # a value passed through -> its getitem
+        for name, m in now.items(): now[name] = stands_for.get(m, m)
+        now[n.name] = ctrl
+    gm.recompile()
+    return gm

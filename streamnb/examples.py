@@ -14,9 +14,37 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, streams
 
 # %% auto #0
-__all__ = ['MODELS', 'STREAM_MODELS', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP',
-           'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph',
-           'side_stream_last_use', 'backward_like']
+__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example',
+           'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains',
+           'missing_wait_graph', 'side_stream_last_use', 'backward_like']
+
+# %% ../nbs/09_examples.ipynb #ddd0705e
+def running_example(tokens: int = 2048, d: int = 1024, hidden: int = 2048, device: str = "meta",
+                    dtype=torch.bfloat16) -> GraphModule:
+    """The running example: a transformer block's backward (MLP on stream 2, attention on stream 1, a layer scale on
+    stream 0, the output projection's weight gradient on stream 2), annotated, with no syncs; a fresh graph each call."""
+    aten = torch.ops.aten
+    mm, mul, add = aten.mm.default, aten.mul.Tensor, aten.add.Tensor
+    b = GraphBuilder(device=device, dtype=dtype, shape=(tokens, d))
+    saved = lambda name, shape=None: b.input(name, shape=shape, tag="is_forward")   # forward values the backward reads
+    grad_out = b.input("tangents_1")
+    mlp_act, attn_out, gamma = saved("mlp_act", (tokens, hidden)), saved("attn_out"), saved("gamma", (d,))
+    w1, w2, wo, wqkv = saved("w1", (hidden, d)), saved("w2", (d, hidden)), saved("wo", (d, hidden)), saved("wqkv", (hidden, d))
+    # the MLP's backward on stream 2
+    mlp_grad = b.op(mm, grad_out, w2, stream=2, name="mlp_grad")
+    gelu_grad = b.op(mul, mlp_grad, mlp_act, stream=2, name="gelu_grad")
+    ln2_grad = b.op(mm, gelu_grad, w1, stream=2, name="ln2_grad")
+    # x1's gradient, accumulated from the residual and the MLP: no stream yet (assign_backward_streams gives it one)
+    x1_grad = b.op(add, grad_out, ln2_grad, acc=True, name="x1_grad")
+    scale_grad = b.op(mul, x1_grad, gamma, stream=0, name="scale_grad")           # the layer scale, on stream 0
+    # the attention's backward on stream 1; the output projection's weight gradient on stream 2 (a third stream)
+    attn_grad = b.op(mm, scale_grad, wo, stream=1, name="attn_grad")
+    attn_out_t = b.op(aten.t.default, attn_out, stream=2, name="attn_out_t")
+    wo_grad = b.op(mm, attn_out_t, scale_grad, stream=2, name="wo_grad")          # scale_grad's last use: stream 2
+    gamma_grad = b.op(mul, x1_grad, attn_out, stream=0, name="gamma_grad")        # stream 0 allocates again
+    ln1_grad = b.op(mm, attn_grad, wqkv, stream=1, name="ln1_grad")
+    x_grad = b.op(add, x1_grad, ln1_grad, acc=True, name="x_grad")                # the input's gradient: no stream yet
+    return b.output(x_grad, wo_grad, gamma_grad)
 
 # %% ../nbs/09_examples.ipynb #4b79711f
 def on_stream(i: int):

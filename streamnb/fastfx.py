@@ -16,7 +16,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph import _Namespace, _name_regex
+from torch.fx.graph import _Namespace, _illegal_names, _name_regex
 from torch.fx.immutable_collections import immutable_dict
 
 # %% auto #0
@@ -39,24 +39,32 @@ def paused_gc() -> Iterator[None]:
     gc.disable()
     try: yield
     finally:
-        if was_enabled: gc.enable()
+        if was_enabled:
+            if gc.get_freeze_count() == 0: gc.freeze(); gc.unfreeze()   # survivors to the oldest generation, unscanned
+            gc.enable()
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
 _TARGET_NAMES: dict[Any, str] = {}
-_NAME_PARTS: dict[str, tuple] = {}   # candidate -> (kept as is by a fresh namespace, base, number, number written out)
+_NAME_PARTS: dict[str, tuple] = {}   # candidate -> (base, number written out or None), FX's regex, once per candidate
 
 def _unique_name(ns: _Namespace, candidate: str) -> str:
-    "`ns.create_name(candidate, None)`, without its regex where the candidate is free (a sync subgraph's names are)."
+    "`ns.create_name(candidate, None)` (torch 2.13's steps, in the same order), with the regex match cached."
     parts = _NAME_PARTS.get(candidate)
-    if parts is None:   # what a fresh namespace makes of it, once per candidate
-        fresh, m = _Namespace(), _name_regex.match(candidate)
-        kept = fresh.create_name(candidate, None) == candidate
-        parts = _NAME_PARTS[candidate] = (kept and m is not None, *next(iter(fresh._base_count.items())),
-                                          m is not None and m.group(2) is not None)
-    kept, base, num, explicit = parts
-    if not kept or candidate in ns._used_names or (not explicit and base in ns._base_count):
-        return ns.create_name(candidate, None)   # a taken name or base: FX's search
-    ns._used_names.add(candidate)
+    if parts is None:
+        m = _name_regex.match(candidate)
+        if m is None: return ns.create_name(candidate, None)   # characters to replace: FX's own way, never cached
+        base, num = m.group(1, 2)
+        parts = _NAME_PARTS[candidate] = (base, None if num is None else int(num))
+    (base, num), used = parts, ns._used_names
+    if num is None or candidate in used:
+        num = ns._base_count.get(base, 0)
+        if _illegal_names.get(candidate) is not None:   # a builtin or keyword (read live: the table can grow)
+            num += 1
+            candidate = f"{base}_{num}"
+    while candidate in used:
+        num += 1
+        candidate = f"{base}_{num}"
+    used.add(candidate)
     ns._base_count[base] = num
     return candidate
 

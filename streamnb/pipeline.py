@@ -25,7 +25,7 @@ def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: A
                       mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100",
                       dce: bool = False) -> GraphModule:
     "Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`."
-    with paused_gc():   # the passes make no reference cycles worth collecting; a pause saves a quarter of the time
+    with paused_gc():   # the passes make no reference cycles worth collecting (see below)
         assign_backward_streams(gm, upstream=upstream)
         assign_epilogue_copy_streams(gm, upstream=upstream)
         insert_backward_syncs(gm, upstream=upstream)

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 from .simulator import Timeline
 
 # %% auto #0
-__all__ = ['HOST_ROW', 'rows', 'row_label', 'time_unit', 'plot_timeline', 'plot_memory']
+__all__ = ['HOST_ROW', 'MARKS', 'rows', 'row_label', 'time_unit', 'legend_entries', 'plot_timeline', 'plot_memory']
 
 # %% ../nbs/05_plot.ipynb #b58a87b7
 HOST_ROW = "host"
@@ -37,15 +37,22 @@ def _fits(ax: Axes, width: float, span: float, text: str, fontsize: float = 7.5)
 
 # %% ../nbs/05_plot.ipynb #e02caa4a
 _STREAM_COLORS = plt.get_cmap("tab10").colors
+MARKS = ("waits", "flows", "races", "unsafe_frees", "record_stream", "syncs")
 
-def time_unit(span_ms: float) -> tuple[str, float]:
-    "Milliseconds, or microseconds for timelines shorter than 1 ms: (unit, factor from ms)."
-    return ("ms", 1.0) if span_ms >= 1.0 or span_ms == 0 else ("µs", 1000.0)
+def time_unit(span_ms: float = 0.0) -> tuple[str, float]:
+    "The one unit of every axis and label: microseconds. (unit, factor from the simulator's ms)."
+    return "µs", 1000.0
 
-def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: float) -> None:
-    rs = rows(tl)
-    y = {r: i for i, r in enumerate(rs)}
-    racy = {r.consumer for r in tl.unordered_reads}
+def _marks(marks) -> frozenset:
+    "The marker kinds to draw: all of `MARKS` for None; a name that is not one is an error."
+    if marks is None: return frozenset(MARKS)
+    marks = frozenset([marks] if isinstance(marks, str) else marks)
+    if bad := sorted(marks - set(MARKS)): raise ValueError(f"unknown marks {bad}: choose from {list(MARKS)}")
+    return marks
+
+# %% ../nbs/05_plot.ipynb #fbc29d69
+def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool) -> None:
+    racy = {r.consumer for r in tl.unordered_reads} if races else set()
     for name, (s, start, end) in tl.spans.items():
         color = _STREAM_COLORS[s % len(_STREAM_COLORS)]   # by stream index: same colour in every panel
         bad = name in racy
@@ -54,40 +61,79 @@ def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: flo
         bar.set_gid(f"kernel:{name}")
         if _fits(ax, end - start, span, name):
             ax.text((start + end) / 2 * k, y[s], name, ha="center", va="center", fontsize=7.5, gid=f"label:{name}")
+
+def _waits(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for w in tl.waits:
         if w.duration <= 0: continue
         row = HOST_ROW if w.stream is None else w.stream
         (band,) = ax.barh(y[row], w.duration * k, left=w.start * k, height=0.3, color="0.85", hatch="///",
                           edgecolor="0.5", linewidth=0.5)
         band.set_gid(f"wait:{w.node}")
+
+def _flows(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for f in tl.flows:
         dst = HOST_ROW if f.dst_stream is None else f.dst_stream
         ax.annotate("", xy=(f.dst_time * k, y[dst]), xytext=(f.src_time * k, y[f.src_stream]),
                     arrowprops=dict(arrowstyle="->", color="tab:purple", lw=1.2, shrinkA=0, shrinkB=0),
                     gid=f"flow:{f.event}")
-    for op, marker, color in (("sync_dealloc", "v", "tab:green"), ("record_stream", "x", "tab:red")):
-        for sync in (s for s in tl.syncs if s.op == op):
-            ax.plot([sync.end * k], [y[sync.stream] - 0.42], marker=marker, color=color, markersize=8, ls="none",
-                    gid=f"{op}:{sync.node}")
+
+def _marker(ax: Axes, x: float, y: float, gid: str, **kw) -> None:
+    ax.plot([x], [y], ls="none", clip_on=False, gid=gid, **kw)   # never clipped by the axes, even at t=0
+
+def _record_stream(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
+    "Where record_stream was issued (x), and where the free it defers happens: on the tensor's own stream (◇)."
+    for op in (s for s in tl.syncs if s.op == "record_stream"):
+        _marker(ax, op.end * k, y[op.stream] - 0.42, f"record_stream:{op.node}", marker="x", color="tab:red", markersize=8)
+        lt = tl.lifetimes.get(op.tensor)
+        if lt is not None and lt.free is not None and lt.stream in y:
+            _marker(ax, lt.free * k, y[lt.stream] - 0.42, f"deferred_free:{op.tensor}", marker="D", color="tab:red",
+                    markerfacecolor="none", markersize=7)
+
+def _syncs(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
+    for op in (s for s in tl.syncs if s.op == "sync_dealloc"):
+        _marker(ax, op.end * k, y[op.stream] - 0.42, f"sync_dealloc:{op.node}", marker="v", color="tab:green", markersize=8)
+
+def _unsafe_frees(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for u in tl.unsafe_frees:   # a block back in its pool while another stream may still read it
-        ax.plot([u.freed_at * k], [y[u.stream] + 0.42], marker="*", color="red", markersize=11, ls="none",
-                gid=f"unsafe_free:{u.tensor}")
+        _marker(ax, u.freed_at * k, y[u.stream] + 0.42, f"unsafe_free:{u.tensor}", marker="*", color="red", markersize=11)
+
+# %% ../nbs/05_plot.ipynb #5a7697da
+def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: float, marks: frozenset = frozenset(MARKS)) -> None:
+    rs = rows(tl)
+    y = {r: i for i, r in enumerate(rs)}
+    _bars(ax, tl, y, span, k, "races" in marks)
+    for kind, draw in (("waits", _waits), ("flows", _flows), ("record_stream", _record_stream), ("syncs", _syncs),
+                       ("unsafe_frees", _unsafe_frees)):
+        if kind in marks: draw(ax, tl, y, k)
     ax.set_yticks(range(len(rs)), [row_label(tl, r) for r in rs])
     ax.set_ylim(len(rs) - 0.5, -0.7)   # first row on top
     ax.set_title(f"{title} (makespan {tl.makespan * k:.4g} {unit})", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
 
-_LEGEND = [Patch(facecolor="white", edgecolor="red", linewidth=2, label="unordered read"),
-           Patch(facecolor="0.85", hatch="///", edgecolor="0.5", label="wait"),
-           Line2D([], [], color="tab:purple", marker=">", label="record → wait"),
-           Line2D([], [], color="tab:green", marker="v", ls="none", label="sync_dealloc"),
-           Line2D([], [], color="tab:red", marker="x", ls="none", label="record_stream"),
-           Line2D([], [], color="red", marker="*", ls="none", markersize=10, label="unsafe free")]
+_LEGEND = {   # mark kind -> (is it on this timeline?, its legend entries)
+    "races": (lambda tl: tl.unordered_reads, [Patch(facecolor="white", edgecolor="red", linewidth=2, label="unordered read")]),
+    "waits": (lambda tl: any(w.duration > 0 for w in tl.waits), [Patch(facecolor="0.85", hatch="///", edgecolor="0.5", label="wait")]),
+    "flows": (lambda tl: tl.flows, [Line2D([], [], color="tab:purple", marker=">", label="record → wait")]),
+    "syncs": (lambda tl: any(s.op == "sync_dealloc" for s in tl.syncs),
+              [Line2D([], [], color="tab:green", marker="v", ls="none", label="sync_dealloc")]),
+    "record_stream": (lambda tl: any(s.op == "record_stream" for s in tl.syncs),
+                      [Line2D([], [], color="tab:red", marker="x", ls="none", label="record_stream"),
+                       Line2D([], [], color="tab:red", marker="D", markerfacecolor="none", ls="none", label="its deferred free")]),
+    "unsafe_frees": (lambda tl: tl.unsafe_frees, [Line2D([], [], color="red", marker="*", ls="none", markersize=10, label="unsafe free")]),
+}
 
+def legend_entries(timelines: Sequence[Timeline], marks=None) -> list:
+    "The legend's handles: one per kind of mark that is drawn and occurs on at least one of `timelines`."
+    marks = _marks(marks)
+    return [h for kind, (occurs, hs) in _LEGEND.items() if kind in marks and any(occurs(tl) for tl in timelines) for h in hs]
+
+# %% ../nbs/05_plot.ipynb #b3d1281f
 def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax: Axes | Sequence[Axes] | None = None,
-                  width: float = 10.0) -> Figure:
-    "Gantt chart of one or more timelines, stacked top to bottom on a shared time axis."
+                  width: float = 10.0, marks=None) -> Figure:
+    """Gantt chart of one or more timelines, stacked top to bottom on a shared time axis in µs. `marks`: the kinds of
+    marker to draw, from `MARKS` (None: all); kernels are always drawn."""
     if not timelines: raise ValueError("plot_timeline needs at least one Timeline")
+    marks = _marks(marks)
     titles = list(titles) if titles is not None else [tl.name or f"timeline {i}" for i, tl in enumerate(timelines)]
     if ax is None:
         heights = [max(1, len(rows(tl))) * 0.55 + 0.8 for tl in timelines]
@@ -98,17 +144,18 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
         axes = [ax] if isinstance(ax, Axes) else list(ax)
         fig = axes[0].figure
     if len(axes) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(axes)} axes")
-    span = max(tl.makespan for tl in timelines) or 1.0
+    span = max(tl.makespan for tl in timelines) or 0.001
     unit, k = time_unit(span)
     for a, tl, title in zip(axes, timelines, titles):
-        a.set_xlim(0, span * k * 1.02)
-        _draw_one(a, tl, title, span, unit, k)
+        a.set_xlim(-0.015 * span * k, span * k * 1.02)   # a margin at t=0: marks there stay visible
+        _draw_one(a, tl, title, span, unit, k, marks)
     axes[-1].set_xlabel(f"time ({unit})")
+    handles = legend_entries(timelines, marks)
     if ax is None:   # our own figure: the legend goes in a strip along the bottom
-        fig.legend(handles=_LEGEND, loc="lower center", ncol=len(_LEGEND), fontsize=7.5, frameon=False)
-        fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
-    else:
-        axes[0].legend(handles=_LEGEND, loc="best", fontsize=7)
+        if handles: fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7.5, frameon=False)
+        fig.tight_layout(rect=(0, (0.35 if handles else 0.05) / fig.get_figheight(), 1, 1))
+    elif handles:
+        axes[0].legend(handles=handles, loc="best", fontsize=7)
     return fig
 
 # %% ../nbs/05_plot.ipynb #5dcc2b90

@@ -65,6 +65,7 @@ def _written_args(node: Node) -> list[Node]:
         map_arg(v, out.append)
     return out
 
+# %% ../nbs/11_syncs.ipynb #d4adfe8d
 @correction(10, "11_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams",
             "write-after-read syncs: the writer waits for the last use on each other stream")
 def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:

@@ -192,3 +192,129 @@ def test_correction_13_keeps_the_copy_where_the_old_value_is_still_read():
     gm = b.output(old)
     assign_epilogue_copy_streams(gm)
     assert [n.name for n in gm.graph.nodes if n.op == "call_function"][-1] == "copy_"
+
+
+# --- the chapter's pictures and exercise (nbs/10_backward_streams.ipynb) ---
+
+def _us(t):
+    return round(t * 1000, 6)
+
+
+def _n_syncs(gm):
+    from streamnb.graph import streams
+    return sum(n.target in (streams.record_event.default, streams.wait_event.default) for n in gm.graph.nodes)
+
+
+def _re_timeline(assign):
+    from streamnb.examples import running_example
+    from streamnb.simulator import simulate
+    from streamnb.syncs import insert_backward_syncs
+    gm = running_example()
+    if assign:
+        assign_backward_streams(gm)
+    insert_backward_syncs(gm)
+    return simulate(gm), gm
+
+
+def test_running_example_picture_x_grad_moves_to_stream_1_and_two_syncs_go():
+    (before, before_gm), (after, after_gm) = _re_timeline(False), _re_timeline(True)
+    assert (before.spans["x_grad"][0], after.spans["x_grad"][0]) == (0, 1)
+    assert before.spans["x1_grad"][0] == after.spans["x1_grad"][0] == 0
+    assert _n_syncs(before_gm) - _n_syncs(after_gm) == 2
+    assert _us(before.makespan) == _us(after.makespan)   # the chapter says: the makespan does not change here
+
+
+def test_running_example_accumulations_and_seed_agree():
+    from streamnb.examples import running_example
+    gm, seed = running_example(), running_example()
+    assert {n.name: get_stream(n) for n in gm.graph.nodes if n.meta.get("is_gradient_acc")} == {"x1_grad": None, "x_grad": None}
+    assign_backward_streams(gm)
+    assign_backward_streams(seed, upstream=True)
+    assert {n.name: get_stream(n) for n in gm.graph.nodes if n.meta.get("is_gradient_acc")} == {"x1_grad": 0, "x_grad": 1}
+    assert canonical(gm) == canonical(seed)
+
+
+def _busy_chain():
+    "The chapter's `busy_current`: the chain behind a 4 µs `exp` on stream 0."
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    b.op(aten.exp.default, t, stream=0, name="exp")
+    g1 = b.op(aten.neg.default, t, stream=1)
+    g2 = b.op(aten.sin.default, t, stream=1)
+    g3 = b.op(aten.cos.default, t, stream=2)
+    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
+    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
+    mm = b.op(aten.mm.default, acc2, t, stream=2)
+    return b.output(mm)
+
+
+def test_busy_current_picture_sum_moves_off_stream_0_and_makespan_drops():
+    from streamnb.simulator import simulate
+    from streamnb.syncs import insert_backward_syncs
+    costs = {k: v / 1000 for k, v in {"exp": 4, "neg": 1, "sin": 1, "cos": 1, "acc1": 1, "acc2": 1, "mm": 3}.items()}
+    out = []
+    for assign in (False, True):
+        gm = _busy_chain()
+        if assign:
+            assign_backward_streams(gm)
+        insert_backward_syncs(gm)
+        out.append((simulate(gm, cost=costs), _n_syncs(gm)))
+    (before, n_before), (after, n_after) = out
+    assert (before.spans["acc2"][0], after.spans["acc2"][0]) == (0, 2)
+    assert _us(before.spans["acc1"][1]) == 4.0          # queued behind exp
+    assert (n_before, n_after) == (8, 4)
+    assert (_us(before.makespan), _us(after.makespan)) == (9.0, 7.0)
+
+
+def _acc_exercise():
+    from streamnb.exercises import Exercise
+    from streamnb.syncs import insert_backward_syncs
+
+    def start():
+        b = GraphBuilder()
+        t = b.input("tangents_1")
+        main = b.op(aten.exp.default, t, stream=0)
+        g1 = b.op(aten.neg.default, t, stream=1)
+        g2 = b.op(aten.sin.default, t, stream=2)
+        acc = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc")
+        mm = b.op(aten.mm.default, acc, t, stream=2)
+        return b.output(main, mm, g1)
+
+    def solution(gm):
+        assign_backward_streams(gm)
+        insert_backward_syncs(gm)
+        return gm
+
+    costs = {k: v / 1000 for k, v in {"exp": 4, "neg": 1, "sin": 1, "acc": 1, "mm": 3}.items()}
+    return Exercise(title="stream of a gradient accumulation", task="give acc a stream", start=start,
+                    solution=solution, cost=costs)
+
+
+def _acc_answer(ex, stream):
+    from streamnb.exercises import node
+    from streamnb.graph import set_stream
+    from streamnb.syncs import insert_backward_syncs
+    gm = ex.start()
+    if stream is not None:
+        set_stream(node(gm, "acc"), stream)
+    insert_backward_syncs(gm)
+    return gm
+
+
+def test_exercise_acc_stream_solution_is_ok():
+    ex = _acc_exercise()
+    assert ex.check(ex.best()).ok
+    grade = ex.check(_acc_answer(ex, 2))
+    assert grade.ok, grade
+    assert grade.syncs == 2
+
+
+def test_exercise_acc_stream_wrong_answers_are_caught():
+    ex = _acc_exercise()
+    first_arg = ex.check(_acc_answer(ex, 1))                 # the notebook's wrong attempt: the first argument's stream
+    assert not first_arg.ok
+    assert any("2 syncs more than needed" in p for p in first_arg.problems), first_arg
+    assert any(p.startswith("unsafe reuse") for p in first_arg.problems), first_arg
+    current = ex.check(_acc_answer(ex, None))                # left on the current stream: behind exp
+    assert not current.ok
+    assert any(p.startswith("makespan 8 µs; the best is 5 µs") for p in current.problems), current

@@ -346,3 +346,30 @@ def test_dynamo_frontend_eager_run_that_cannot_happen_here():
         with torch.fx.traceback.annotate({"stream": 1}): a = x.sin()
         return a * 2
     assert capture(annotated, torch.randn(3, requires_grad=True)).streams == {1}
+
+
+def test_explain_memory_picture_shows_the_block_the_seed_holds():
+    """17_explain's memory picture: the seed's curve is above streamnb's by exactly one block (the attention output,
+    kept alive by the seed's wrapped wait `control_deps_1`) for a while, never below it, and the peaks are equal."""
+    from streamnb.examples import transformer_block_example
+    from streamnb.explainer import explain
+    model, inputs = transformer_block_example()
+    ex = explain(model, *inputs, device="H100", check=False)
+    up, de = ex.modes["upstream"].timeline, ex.modes["default"].timeline
+
+    def allocated_at(tl, t):
+        b = tl.memory[0][1]
+        for s, v in tl.memory:
+            if s > t: break
+            b = v
+        return b
+    times = sorted({t for t, _ in up.memory} | {t for t, _ in de.memory})
+    diff = [allocated_at(up, t) - allocated_at(de, t) for t in times]
+    held = [k for k in up.lifetimes if up.lifetimes[k].free != de.lifetimes[k].free]
+    assert held == ["_scaled_dot_product_flash_attention_for_cpu"]
+    assert min(diff) == 0 and max(diff) == up.lifetimes[held[0]].nbytes > 0
+    assert up.lifetimes[held[0]].free > de.lifetimes[held[0]].free
+    assert up.peak_memory == de.peak_memory
+    deps = {m: {a.name for a in next(n for n in r.backward.graph.nodes if n.name == "control_deps_1").all_input_nodes}
+            for m, r in ex.modes.items()}
+    assert held[0] in deps["upstream"] and held[0] not in deps["default"]

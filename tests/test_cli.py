@@ -82,3 +82,27 @@ def test_command_line_exit_status(src, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines() == [f"streamnb: error: {src}:broken: broken() raised ValueError: no weights here"]
+
+
+def test_assign_demo_and_a_users_model(src, tmp_path, capsys):
+    "`streamnb assign` (issue 13 item 6): the table of the four assignments, and the timelines written per strategy."
+    out = tmp_path / "assign"
+    assert main(["assign", "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["model", "strategy"]
+    assert [ln.split()[1] for ln in lines[2:]] == ["single", "critical_path", "nimble", "streamnb"]
+    assert all(ln.split()[0] == "transformer_block" and ln.split()[-1] == "ok" for ln in lines[2:])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["table.txt", "timelines.png", "trace_critical_path.json", "trace_nimble.json", "trace_single.json",
+                     "trace_streamnb.json"]
+    assert (out / "table.txt").read_text().splitlines() == lines
+    import json
+    trace = json.loads((out / "trace_streamnb.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    mine = tmp_path / "mine"
+    assert main(["assign", f"{src}:small", "--out", str(mine), "--quiet", "--side-streams", "1", "--device", "A100"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 4 and all(r.split()[0] == "my_model.py:small" for r in rows)
+    assert max(int(r.split()[2]) for r in rows) <= 2          # one side stream at most
+    assert "--side-streams -1: must be >= 0" in error_line(capsys, ["assign", "--side-streams", "-1", "--out", str(mine)])
+    assert "nope.py: no such file" in error_line(capsys, ["assign", f"{tmp_path}/nope.py:f", "--out", str(mine), "--quiet"])

@@ -860,3 +860,177 @@ def test_graph_wrapped_by_torch_is_left_alone():
     with pytest.warns(AlreadyProcessedWarning, match="control_deps"):
         wrap(gm)
     assert canonical(gm) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The chapter's picture, tools and exercise (nbs/13_control_deps.ipynb)
+# ---------------------------------------------------------------------------------------------------------------
+
+from streamnb.control_deps import HoistError, hoist_above, wrap_by_hand  # noqa: E402
+
+
+def after_chapter_12():
+    "The running example as chapter 12 leaves it (streamnb's passes 10 to 12), as the chapter builds it."
+    from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
+    from streamnb.dealloc import sync_deallocations
+    from streamnb.examples import running_example
+    from streamnb.syncs import insert_backward_syncs
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        gm = running_example()
+        assign_backward_streams(gm); assign_epilogue_copy_streams(gm)
+        insert_backward_syncs(gm); sync_deallocations(gm)
+    return gm
+
+
+def _why(e):
+    return e.message.splitlines()[-1].split(": ", 1)[1].rstrip(".")
+
+
+def test_running_example_reorder_hazard_is_the_pictured_race():
+    "The chapter's figure: the seed's wrap, and a legal order of it with a consumer above its wait, racing."
+    from streamnb.simulator import simulate
+    assert sanitize(after_chapter_12()).ok
+    seed = after_chapter_12(); wrap(seed, upstream=True)
+    rep = sanitize(seed, reorder=True)
+    assert sanitize(seed).ok and rep.errors and set(rep.kinds) == {"reorderable"}
+    hoistable_reads = [e for e in rep.errors if _why(e).endswith("may be hoisted above the wait")]
+    assert hoistable_reads, rep
+    (consumer, producer), (_, wait) = hoistable_reads[0].nodes, hoistable_reads[0].pair
+    hoisted = after_chapter_12(); wrap(hoisted, upstream=True)
+    hoist_above(hoisted, consumer, wait)
+    tl_seed, tl_hoisted = simulate(seed), simulate(hoisted)
+    assert tl_seed.unordered_reads == []
+    races = [r for r in tl_hoisted.unordered_reads if (r.consumer, r.producer) == (consumer, producer)]
+    assert len(races) == 1 and races[0].overlaps                     # the red outline: it really overlaps
+    assert tl_hoisted.makespan < tl_seed.makespan                     # the racy order is shorter (the prose says so)
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+    from streamnb.plot import plot_timeline
+    fig = plot_timeline(tl_seed, tl_hoisted, width=12, marks={"waits", "flows", "syncs", "races"})
+    red = lambda ax: {a.get_gid() for a in ax.patches if a.get_gid() and a.get_gid().startswith("kernel:")
+                      and a.get_edgecolor()[:3] == to_rgba("red")[:3]}
+    assert [red(ax) for ax in fig.axes[:2]] == [set(), {f"kernel:{consumer}"}]   # only the hoisted consumer
+    assert not any((a.get_gid() or "").startswith(("unsafe_free:", "record_stream:")) for ax in fig.axes for a in ax.lines)
+    plt.close(fig)
+    # streamnb's default: no legal order races, and the same hoist is refused
+    fixed = after_chapter_12(); wrap(fixed)
+    assert sanitize(fixed, reorder=True).ok
+    wait_sync = node(seed, wait).args[1].target
+    fixed_wait = next(n for n in fixed.graph.nodes if is_control_deps(n) and n.args[1].target == wait_sync)
+    with pytest.raises(HoistError, match=f"node {consumer} depends on"):
+        hoist_above(fixed, consumer, fixed_wait)
+    assert simulate(fixed).spans == tl_seed.spans                   # wrapping moves nothing in program order
+
+
+def test_seed_findings_on_running_example_cover_corrections_6_8_9():
+    seed = after_chapter_12(); wrap(seed, upstream=True)
+    whys = [_why(e) for e in sanitize(seed, reorder=True).errors]
+    assert any(w.endswith("may be hoisted above the wait") for w in whys)        # 6
+    assert any(w.endswith("the record may be hoisted above it") for w in whys)   # 8
+    assert any(w.endswith("may be hoisted above the record") for w in whys)      # 9
+
+
+def test_hoist_above_moves_what_the_node_needs_and_refuses_a_dependent():
+    b = GraphBuilder()
+    x = b.input("x")
+    b.op(aten.neg.default, x, stream=1)
+    c = b.op(aten.sin.default, x, stream=1)
+    b.op(aten.cos.default, c, stream=1)
+    gm = b.output(*[n for n in b.graph.nodes if n.op == "call_function"])
+    hoist_above(gm, "cos", "neg")
+    assert [n.name for n in gm.graph.nodes] == ["x", "sin", "cos", "neg", "output"]
+    before = [n.name for n in gm.graph.nodes]
+    with pytest.raises(HoistError, match="node cos depends on sin") as e:
+        hoist_above(gm, "cos", "sin")
+    assert isinstance(e.value, StreamnbError)
+    with pytest.raises(StreamnbError, match="node tan: no node of that name"):
+        hoist_above(gm, "tan", "sin")
+    assert [n.name for n in gm.graph.nodes] == before
+
+
+def test_hoist_above_the_wait_is_legal_for_the_seed_only():
+    up = hoistable(); wrap(up, upstream=True)
+    hoist_above(up, "neg", ctrls(up)[1])
+    names = [n.name for n in up.graph.nodes]
+    assert names.index("neg") < names.index(ctrls(up)[1].name)
+    gm = hoistable(); wrap(gm)
+    with pytest.raises(HoistError):
+        hoist_above(gm, "neg", ctrls(gm)[1])
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_wrap_by_hand_gives_the_pass_graph(upstream):
+    deps = {"record_event_default": ["mul"],
+            "wait_event_default": ["record_event_default"] + ([] if upstream else ["mul"])}
+    ref = hoistable(); wrap(ref, upstream=upstream)
+    assert canonical(wrap_by_hand(hoistable(), deps)) == canonical(ref)
+
+
+def test_wrap_by_hand_refuses_before_any_change():
+    gm = hoistable()
+    before = canonical(gm)
+    with pytest.raises(StreamnbError, match="node wait_event_default: its dep neg"):
+        wrap_by_hand(gm, {"record_event_default": ["mul"], "wait_event_default": ["neg"]})
+    with pytest.raises(StreamnbError, match="node mul: no stream op"):
+        wrap_by_hand(gm, {"mul": ["x"]})
+    assert canonical(gm) == before
+
+
+def two_consumers():
+    "The chapter's exercise graph: p on stream 1 read by c0 (stream 0) and c2 (stream 2), syncs in place, unwrapped."
+    b = GraphBuilder(shape=(1024, 1024))
+    x, w = b.input("x"), b.input("w")
+    p = b.op(aten.mm.default, x, w, stream=1, name="p")
+    b.sync(REC, 1, 1)
+    b.sync(WAIT, 1, 0)
+    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
+    b.sync(WAIT, 1, 2)
+    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
+    return b.output(c0, c2, p)
+
+
+SOLUTION = {"record_event_default": ["p"],
+            "wait_event_default": ["record_event_default", "p"],
+            "wait_event_default_1": ["record_event_default", "p"]}
+SEED_ATTEMPT = {"record_event_default": ["p"],
+                "wait_event_default": ["record_event_default"],
+                "wait_event_default_1": ["record_event_default"]}
+
+
+def _exercise():
+    from streamnb.exercises import Exercise
+    return Exercise(title="Pin both consumers", task="wrap so that no order of the data edges races",
+                    start=two_consumers, solution=lambda gm: wrap_by_hand(gm, SOLUTION), reorder=True)
+
+
+def test_exercise_solution_is_ok():
+    ex = _exercise()
+    grade = ex.check(wrap_by_hand(ex.start(), SOLUTION))
+    assert grade.ok, grade
+
+
+def test_exercise_seed_attempt_is_caught():
+    ex = _exercise()
+    answer = wrap_by_hand(ex.start(), SEED_ATTEMPT)
+    assert sanitize(answer).ok                      # right in program order ...
+    grade = ex.check(answer)
+    assert not grade.ok
+    hazards = [p for p in grade.problems if "reorder hazard" in p]
+    assert len(hazards) == 2 and any("c0" in p for p in hazards) and any("c2" in p for p in hazards), grade
+    assert (grade.syncs, grade.makespan_us) == (grade.best_syncs, grade.best_makespan_us)   # ... and no slower
+
+
+def test_exercise_unwrapped_start_is_caught():
+    ex = _exercise()
+    assert not ex.check(ex.start()).ok
+
+
+def test_chapter_exported_cells_are_short():
+    "Issue 10: no exported cell over 40 lines in the pass chapters."
+    import json
+    from pathlib import Path
+    nb = json.loads((Path(__file__).resolve().parent.parent / "nbs" / "13_control_deps.ipynb").read_text())
+    sizes = [len("".join(c["source"]).splitlines()) for c in nb["cells"]
+             if c["cell_type"] == "code" and "".join(c["source"]).startswith("#| export")]
+    assert sizes and max(sizes) <= 40, sizes

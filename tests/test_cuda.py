@@ -356,3 +356,19 @@ def test_cuda_run_capture_matches_capture_run(name):
     torch.testing.assert_close(to_cpu(res.outputs), ref.outputs, rtol=1e-4, atol=1e-5)
     for k in ref.param_grads:
         torch.testing.assert_close(to_cpu(res.param_grads[k]), ref.param_grads[k], rtol=1e-4, atol=1e-5)
+
+
+def test_every_cuda_cell_says_gpu_and_follows_its_estimate():
+    """19_cuda: each `#| cuda` cell says its output comes from a GPU run, and the code cell before it (not a cuda cell)
+    prints the simulator's estimate for the same demo."""
+    import json
+    from pathlib import Path
+    cells = [c for c in json.loads((Path(__file__).parent.parent / "nbs" / "19_cuda.ipynb").read_text())["cells"]
+             if c["cell_type"] == "code"]
+    src = ["".join(c["source"]) for c in cells]
+    is_cuda = ["#| cuda" in s.splitlines()[:2] for s in src]
+    assert sum(is_cuda) >= 5
+    for i, s in enumerate(src):
+        if not is_cuda[i]: continue
+        assert "output from a GPU run only" in s and "NO_GPU" in s
+        assert not is_cuda[i - 1] and "simulate(" in src[i - 1], f"cuda cell {i}: no estimate cell before it"

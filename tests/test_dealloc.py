@@ -384,3 +384,148 @@ def test_all_timelines_in_one_walk_equal_the_seeds_per_stream_walks(seed):
     for s in {get_stream(n) for n in gm.graph.nodes}:
         per = populate_stream_timeline({}, gm.graph, s)
         assert dict(one.get(s, {})) == dict(per)
+
+
+# ---------------------------------------------------------------- the chapter's pictures, checked on their data
+
+def _four_ways():
+    "12_dealloc's 'Where to wait, shown alone': small_graph (= the chapter's long_side_read) after chapter 11's syncs."
+    from streamnb.simulator import simulate
+    from streamnb.syncs import insert_backward_syncs
+    ways = {"no sync": None, "record_stream": dict(mechanism="record_stream"), "seed": dict(upstream=True), "default": {}}
+    out = {}
+    for k, kw in ways.items():
+        gm = small_graph()
+        insert_backward_syncs(gm)
+        if kw is not None: sync_deallocations(gm, **kw)
+        out[k] = (gm, simulate(gm, name=k))
+    return out
+
+
+def test_four_ways_pictures_show_what_the_prose_says():
+    from streamnb.sanitizer import sanitize
+    ways = _four_ways()
+    tl = {k: t for k, (_, t) in ways.items()}
+    # no sync: mul's block is back in stream 0's pool while mm (stream 1) still reads it, and stream 0 allocates there
+    (u,) = tl["no sync"].unsafe_frees
+    assert (u.tensor, u.reader, u.stream, u.reader_stream) == ("mul", "mm", 0, 1)
+    assert u.read_end == tl["no sync"].spans["mm"][2] > u.freed_at == tl["no sync"].spans["mul"][2]
+    assert any(s == 0 and u.freed_at <= start < u.read_end for s, start, _ in tl["no sync"].spans.values())
+    assert sanitize(ways["no sync"][0]).kinds == ["unsafe_reuse"]
+    # every remedy is safe
+    assert all(not tl[k].unsafe_frees and sanitize(ways[k][0]).ok for k in ("record_stream", "seed", "default"))
+    # record_stream: the free is deferred to the end of mm, no stall; more memory
+    lt = tl["record_stream"].lifetimes["mul"]
+    assert lt.free == tl["record_stream"].spans["mm"][2] > tl["record_stream"].spans["mul"][2]
+    assert not [w for w in tl["record_stream"].waits if w.duration > 0 and w.op == "sync_dealloc"]
+    assert tl["record_stream"].peak_memory > tl["no sync"].peak_memory
+    # the seed's placement stalls stream 0 for most of mm; the corrected one much less, and finishes sooner
+    stall = {k: sum(w.duration for w in tl[k].waits if w.op == "sync_dealloc") for k in ("seed", "default")}
+    assert stall["seed"] > 5 * stall["default"] > 0
+    assert tl["default"].makespan < tl["seed"].makespan
+    # in the seed's picture the first add starts only after mm ends; in the default's, before
+    assert tl["seed"].spans["add"][1] >= tl["seed"].spans["mm"][2] > tl["default"].spans["add"][1]
+
+
+def _after_syncs():
+    "12_dealloc's opening: the running example after chapters 10 and 11 (default passes)."
+    from streamnb.assign import assign_backward_streams
+    from streamnb.examples import running_example
+    from streamnb.syncs import insert_backward_syncs
+    gm = running_example()
+    assign_backward_streams(gm)
+    insert_backward_syncs(gm)
+    return gm
+
+
+def _protected(gm):
+    recorded = {n.args[0]: n.args[1] for n in nodes(gm, REC)}
+    return sorted((d.args[2].name, recorded[d.args[0]]) for d in nodes(gm, DEALLOC))
+
+
+def test_running_example_seed_reuses_memory_a_side_stream_still_reads():
+    "The chapter's opening picture: scale_grad is freed and gamma_grad starts while attn_grad (stream 1) still reads it."
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    seed, fixed = _after_syncs(), _after_syncs()
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        sync_deallocations(seed, upstream=True)
+        sync_deallocations(fixed)
+    rep = sanitize(seed)
+    assert rep.kinds == ["unsafe_reuse"] and rep.errors[0].tensor == "scale_grad" and rep.errors[0].nodes[0] == "attn_grad"
+    tl = simulate(seed)
+    (u,) = tl.unsafe_frees
+    assert (u.tensor, u.stream, u.reader, u.reader_stream) == ("scale_grad", 0, "attn_grad", 1)
+    s, start, _ = tl.spans["gamma_grad"]
+    assert s == 0 and u.freed_at <= start < u.read_end == tl.spans["attn_grad"][2]   # the side stream outlasts the reuse
+    # the default protects scale_grad from stream 1 too; nothing is freed early; gamma_grad gets a block of its own
+    assert set(_protected(fixed)) - set(_protected(seed)) == {("scale_grad", 1)}
+    assert sanitize(fixed).ok
+    tf = simulate(fixed)
+    assert tf.unsafe_frees == []
+    assert tf.lifetimes["scale_grad"].free >= tf.spans["attn_grad"][2] > tf.spans["gamma_grad"][1]
+    assert tf.makespan == pytest.approx(tl.makespan)
+
+
+def _exercise():
+    "12_dealloc's exercise: move the seed's sync_dealloc so that stream 0 never stalls, as early as possible."
+    from streamnb.exercises import Exercise, move
+    from streamnb.simulator import simulate
+    from streamnb.syncs import insert_backward_syncs
+
+    def start():
+        gm = small_graph(n_adds=7)
+        insert_backward_syncs(gm)
+        with use_registry(StreamRegistry(start=3)): sync_deallocations(gm, upstream=True)
+        return gm
+
+    def solution(gm):
+        move(gm, "sync_dealloc_default", before="output")
+        tl = simulate(gm)
+        after = next(k for k, (s, _, end) in tl.spans.items() if s == 0 and end >= tl.spans["mm"][2])
+        move(gm, "sync_dealloc_default", after=after)
+        return gm
+
+    return Exercise("place the dealloc", "move sync_dealloc_default ...", start=start, solution=solution)
+
+
+def test_exercise_solution_passes_and_is_the_earliest():
+    from streamnb.exercises import move, node
+    from streamnb.simulator import simulate
+    ex = _exercise()
+    best = ex.best()
+    assert ex.check(best).ok
+    where = node(best, "sync_dealloc_default").prev.name
+    assert where == "add_4"
+    one_earlier = ex.start(); move(one_earlier, "sync_dealloc_default", after="add_3")
+    assert not ex.check(one_earlier).ok                                   # earlier: stream 0 stalls
+    late = ex.start(); move(late, "sync_dealloc_default", after="add_6")
+    assert ex.check(late).ok and simulate(best).lifetimes["mul"].free < simulate(late).lifetimes["mul"].free
+
+
+def test_exercise_wrong_answers_are_caught():
+    from streamnb.exercises import move, remove
+    ex = _exercise()
+    seed = ex.check(ex.start())                                           # the seed's placement: a long stall
+    assert not seed.ok and [p.split(" ")[0] for p in seed.problems] == ["makespan"]
+    early = ex.start(); move(early, "sync_dealloc_default", after="add_3")
+    assert [p.split(" ")[0] for p in ex.check(early).problems] == ["makespan"]
+    none = ex.start(); remove(none, "sync_dealloc_default")               # no wait at all: unsafe reuse of mul
+    assert any(p.startswith("unsafe reuse: mul") for p in ex.check(none).problems)
+
+
+def test_record_stream_deferred_free_is_drawn_where_it_happens():
+    "The record_stream panel: the deferred free of mul is drawn at the end of mm (µs), on mul's stream's row."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from streamnb.plot import plot_timeline, rows
+    _, tl = _four_ways()["record_stream"]
+    fig = plot_timeline(tl, marks={"waits", "flows", "syncs", "unsafe_frees", "record_stream"})
+    try:
+        (m,) = [a for a in fig.axes[0].get_children() if a.get_gid() == "deferred_free:mul"]
+        assert m.get_xdata()[0] == pytest.approx(tl.lifetimes["mul"].free * 1e3) == pytest.approx(tl.spans["mm"][2] * 1e3)
+        assert round(m.get_ydata()[0]) == rows(tl).index(tl.spans["mul"][0])
+        assert not [a for a in fig.axes[0].get_children() if str(a.get_gid()).startswith("unsafe_free")]
+    finally:
+        plt.close(fig)

@@ -148,3 +148,78 @@ def test_default_pipeline_orders_every_consumer_after_its_wait():
         assert unordered_pairs(run(make())) == []
         seed_bad += len(unordered_pairs(run(make(), upstream=True)))
     assert seed_bad > 0   # the seed's pipeline leaves such consumers (so the check can fail)
+
+
+# ---------------------------------------------------------------- 15_pipeline on the shared running example
+
+def both_pipelines():
+    from streamnb.examples import running_example as shared
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        return run_stream_passes(shared(), upstream=True), run_stream_passes(shared())
+
+
+def test_seed_vs_default_picture_on_the_running_example():
+    "The chapter's picture: the seed's panel has wo_grad's race and scale_grad's early free; the default's neither."
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    seed, ours = both_pipelines()
+    assert sanitize(seed).kinds == ["race", "unsafe_reuse"]
+    assert sanitize(ours).kinds == [] and sanitize(ours, reorder=True).kinds == []
+    assert "reorderable" in sanitize(seed, reorder=True).kinds
+    ts, to = simulate(seed), simulate(ours)
+    assert [(r.consumer, r.producer, r.overlaps) for r in ts.unordered_reads] == [("wo_grad", "scale_grad", True)]
+    assert ts.spans["wo_grad"][1] < ts.spans["scale_grad"][2]                    # the red outline: it starts too early
+    (u,) = ts.unsafe_frees
+    assert (u.tensor, u.reader) == ("scale_grad", "attn_grad") and u.read_end > u.freed_at
+    assert to.unordered_reads == [] and to.unsafe_frees == []
+    assert to.spans["wo_grad"][1] >= to.spans["scale_grad"][2]
+    assert to.makespan == pytest.approx(ts.makespan)
+
+
+def test_pass_by_pass_on_the_running_example():
+    from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
+    from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
+    from streamnb.dealloc import sync_deallocations
+    from streamnb.examples import running_example as shared
+    from streamnb.sanitizer import sanitize
+    from streamnb.syncs import insert_backward_syncs
+    gm, found = shared(), []
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        for p in (assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs, sync_deallocations,
+                  wrap_all_sync_nodes_with_control_deps):
+            p(gm)
+            found.append(set(sanitize(gm, reorder=True).kinds))
+    assert "race" in found[1] and "race" not in found[2] and "unsafe_reuse" in found[2]
+    assert not found[3] & {"race", "unsafe_reuse"} and found[4] == set()
+    assert canonical(gm) == canonical(both_pipelines()[1])
+
+
+def _order_exercise():
+    from streamnb.examples import running_example as shared
+    from streamnb.exercises import Exercise
+    return Exercise("the order of the passes", "...", start=shared, solution=lambda gm: run_stream_passes(gm),
+                    reorder=True)
+
+
+def test_order_exercise_solution_and_wrong_answers():
+    from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
+    from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
+    from streamnb.dealloc import sync_deallocations
+    from streamnb.syncs import insert_backward_syncs
+    ex = _order_exercise()
+
+    def pipeline(*passes):
+        gm = ex.start()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AlreadyProcessedWarning)
+            for p in passes: p(gm)
+        return gm
+
+    solution = pipeline(assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs,
+                        sync_deallocations, wrap_all_sync_nodes_with_control_deps)
+    assert ex.check(solution).ok
+    wrapped_first = ex.check(pipeline(assign_backward_streams, insert_backward_syncs,
+                                      wrap_all_sync_nodes_with_control_deps, sync_deallocations))
+    assert not wrapped_first.ok and {p.split(":")[0] for p in wrapped_first.problems} == {"unsafe reuse"}
+    unwrapped = ex.check(pipeline(assign_backward_streams, insert_backward_syncs, sync_deallocations))
+    assert not unwrapped.ok and all(p.startswith("reorder hazard") for p in unwrapped.problems)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamnb.graph import GraphBuilder, streams
-from streamnb.plot import plot_memory, plot_timeline
+from streamnb.plot import MARKS, plot_memory, plot_timeline, time_unit
 from streamnb.simulator import simulate
 
 aten = torch.ops.aten
@@ -41,7 +41,7 @@ def graph(synced, host_sync=False, remedy=None):
     return b.output(d)
 
 
-COST = {"p": 3.0, "c": 1.0, "d": 2.0}
+COST = {"p": 0.003, "c": 0.001, "d": 0.002}   # ms: 3, 1, 2 µs
 
 
 def test_one_bar_per_kernel_and_rows_per_stream():
@@ -50,7 +50,7 @@ def test_one_bar_per_kernel_and_rows_per_stream():
     (ax,) = fig.axes
     assert gids(fig, "kernel:") == ["kernel:c", "kernel:d", "kernel:p"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["stream 0 (current)", "stream 1", "stream 2"]
-    assert ax.get_title(loc="left") == "racy (makespan 3 ms)"
+    assert ax.get_title(loc="left") == "racy (makespan 3 µs)"
     assert gids(fig, "wait:") == [] and gids(fig, "flow:") == []
     # the racy readers are outlined in red, the others not
     red = sorted(p.get_gid() for p in ax.patches if tuple(p.get_edgecolor()[:3]) == (1.0, 0.0, 0.0))
@@ -82,7 +82,7 @@ def test_stacked_timelines_share_the_time_axis():
     tls = [simulate(graph(s), cost=COST, name=n) for s, n in ((False, "before"), (True, "after"))]
     fig = plot_timeline(*tls)
     assert len(fig.axes) == 2
-    assert [a.get_title(loc="left") for a in fig.axes] == ["before (makespan 3 ms)", "after (makespan 4 ms)"]   # d (stream 2) is still unsynced
+    assert [a.get_title(loc="left") for a in fig.axes] == ["before (makespan 3 µs)", "after (makespan 4 µs)"]   # d (stream 2) is still unsynced
     assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
     assert len(gids(fig, "kernel:")) == 6
     fig2, axes = plt.subplots(2, 1)
@@ -96,7 +96,7 @@ def test_labels_only_where_they_fit():
     x = b.input("x")
     b.op(aten.neg.default, x, stream=0, name="a_very_long_kernel_name")
     b.op(aten.neg.default, x, stream=0, name="wide")
-    tl = simulate(b.output(), cost={"a_very_long_kernel_name": 0.01, "wide": 10.0})
+    tl = simulate(b.output(), cost={"a_very_long_kernel_name": 0.00001, "wide": 0.01})
     fig = plot_timeline(tl)
     assert gids(fig, "label:") == ["label:wide"]
 
@@ -114,3 +114,68 @@ def test_plot_memory():
         assert list(line.get_ydata()[:-1]) == [b for _, b in tl.memory]
     assert ax.get_ylabel() == "allocated (B)"
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == f"none (peak {tls[0].peak_memory} B)"
+
+
+def artist(fig, gid, panel=0):
+    return next(a for a in fig.axes[panel].get_children() if a.get_gid() == gid)
+
+
+def test_one_unit_microseconds():
+    assert time_unit(5.0) == time_unit(0.001) == ("µs", 1000.0)
+    tl = simulate(graph(True), cost={"p": 3.0, "c": 1.0, "d": 2.0})   # long kernels: still µs
+    fig = plot_timeline(tl, titles=["t"])
+    assert fig.axes[0].get_xlabel() == "time (µs)" and fig.axes[0].get_title(loc="left") == "t (makespan 4000 µs)"
+    bar = artist(fig, "kernel:p")
+    assert (bar.get_x(), bar.get_width()) == pytest.approx((0.0, 3000.0))
+    fig = plot_memory(tl)
+    assert fig.axes[0].get_xlabel() == "time (µs)"
+
+
+def test_marks_select_what_is_drawn_and_the_legend():
+    tl = simulate(graph(True, remedy="sync_dealloc"), cost=COST)
+    assert tl.unordered_reads   # d (stream 2) is unsynced
+    fig = plot_timeline(tl, marks={"waits"})
+    assert gids(fig, "wait:") and not gids(fig, "flow:") and not gids(fig, "sync_dealloc:") and not gids(fig, "unsafe_free:")
+    red = [p for p in fig.axes[0].patches if tuple(p.get_edgecolor()[:3]) == (1.0, 0.0, 0.0)]
+    assert red == []                                        # races not asked for: no red outline
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["wait"]
+    fig = plot_timeline(tl, marks=[])
+    assert not fig.legends and len(gids(fig, "kernel:")) == 3 and not gids(fig, "wait:")
+    fig = plot_timeline(tl)                                 # None: everything, legend only for what occurs
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts == ["unordered read", "wait", "record → wait", "sync_dealloc", "unsafe free"]
+    with pytest.raises(ValueError, match="unknown marks"):
+        plot_timeline(tl, marks={"stars"})
+    assert set(MARKS) == {"waits", "flows", "races", "unsafe_frees", "record_stream", "syncs"}
+
+
+def test_record_stream_marker_unclipped_and_its_deferred_free():
+    "record_stream issued before its stream ran anything sits at t=0: fully visible; the free it defers is drawn where it happens."
+    b = GraphBuilder(shape=(64, 64))
+    x = b.input("x")
+    t = b.op(aten.mul.Tensor, x, x, stream=0, name="t")
+    b.sync(streams.record_stream.default, t, 1)             # at t=0: stream 1 has done nothing yet
+    b.sync(REC, 1, 0); b.sync(WAIT, 1, 1)
+    b.op(aten.neg.default, t, stream=1, name="r")
+    b.op(aten.sin.default, x, stream=0, name="u")
+    tl = simulate(b.output(), cost={"t": 0.001, "r": 0.004, "u": 0.002})
+    fig = plot_timeline(tl, marks={"record_stream"})
+    ax = fig.axes[0]
+    mark = artist(fig, "record_stream:record_stream_default")
+    assert mark.get_xdata()[0] == 0.0 and not mark.get_clip_on()
+    assert ax.get_xlim()[0] < 0.0                           # a margin left of t=0
+    freed = artist(fig, "deferred_free:t")
+    assert tl.lifetimes["t"].free * 1e3 == pytest.approx(5.0) == pytest.approx(tl.spans["r"][2] * 1e3)
+    assert freed.get_xdata()[0] == pytest.approx(5.0)        # the end of r, not t's last use on stream 0 (1 µs)
+    assert freed.get_ydata()[0] == pytest.approx(0 - 0.42)   # on stream 0's row: the tensor's own pool
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["record_stream", "its deferred free"]
+
+
+def test_unsafe_free_star_where_the_block_returns():
+    tl = simulate(graph(True), cost=COST)
+    fig = plot_timeline(tl, marks={"unsafe_frees"})
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    for u in tl.unsafe_frees:
+        star = artist(fig, f"unsafe_free:{u.tensor}")
+        assert star.get_xdata()[0] == pytest.approx(u.freed_at * 1e3)
+        assert star.get_ydata()[0] == pytest.approx(rows.index(f"stream {u.stream}" + (" (current)" if u.stream == 0 else "")) + 0.42)

@@ -362,6 +362,33 @@ def test_seed_defects(defect, graph, seed_pass, kw, check_kw, kind):
     assert default.kinds == [], str(default)
 
 
+def test_seed_defect_2_picture_shows_the_side_stream_outlasting_the_reuse():
+    "Chapter 07's defect-2 timeline: the seed frees mul when sin ends; cos (stream 0) starts there while neg still reads it."
+    from streamnb.plot import plot_timeline
+    from streamnb.simulator import simulate
+    def graph():
+        b = GraphBuilder(shape=(1024, 1024)); g = b.input("tangents_1")
+        mul = b.op(aten.mul.Tensor, g, g, stream=0)
+        n1, n2 = b.op(aten.neg.default, mul, stream=1), b.op(aten.sin.default, mul, stream=2)
+        return b.output(n1, n2, b.op(aten.cos.default, g, stream=0))
+    cost = {"mul": 0.001, "neg": 0.006, "sin": 0.002, "cos": 0.002}
+    reg = lambda: StreamRegistry(start=10, current_stream=0)
+    seed, default = pipeline(graph(), "dealloc"), pipeline(graph())
+    assert [(e.kind, e.nodes[0]) for e in sanitize(seed, registry=reg()).errors] == [("unsafe_reuse", "neg")]
+    tl = simulate(seed, cost=cost, registry=reg())
+    (u,) = tl.unsafe_frees
+    assert (u.tensor, u.reader, u.stream) == ("mul", "neg", 0)
+    assert tl.spans["sin"][2] < tl.spans["neg"][2]                      # neg and sin do not end together
+    assert u.freed_at == pytest.approx(tl.spans["sin"][2])              # the seed waits for sin only
+    assert u.freed_at <= tl.spans["cos"][1] < u.read_end == tl.spans["neg"][2]   # cos allocates while neg reads
+    tld = simulate(default, cost=cost, registry=reg())
+    assert tld.unsafe_frees == [] and tld.spans["cos"][1] >= tld.spans["neg"][2]
+    fig = plot_timeline(tl, tld)                                        # the star is drawn where the block returns
+    star = next(a for a in fig.axes[0].get_children() if a.get_gid() == "unsafe_free:mul")
+    assert star.get_xdata()[0] == pytest.approx(u.freed_at * 1e3)
+    assert not any(a.get_gid() == "unsafe_free:mul" for a in fig.axes[1].get_children())
+
+
 def test_seed_defect_3_stall_is_larger():
     from streamnb.cost import get_roofline_estimate
     def long_side_use():
@@ -423,3 +450,21 @@ def test_wait_on_an_event_recorded_before_the_graph_is_no_error():
     b.sync(WAIT, 10, 0)
     a = b.op(aten.add.Tensor, m, x, stream=0)
     assert sanitize(b.output(a, m)).kinds == ["race"]     # ... and orders nothing: the cross-stream read still races
+
+
+def test_running_example_seed_fails_visibly():
+    "Chapter 07's opening picture: the seed's passes on the running example race and reuse scale_grad's block; "
+    "streamnb's do neither, in the report and in the simulated timeline."
+    from streamnb.examples import running_example
+    from streamnb.pipeline import run_stream_passes
+    from streamnb.simulator import simulate
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        seed, ours = run_stream_passes(running_example(), upstream=True), run_stream_passes(running_example())
+    assert [(e.kind, e.nodes[0], e.tensor) for e in sanitize(seed).errors] == [
+        ("race", "wo_grad", "scale_grad"), ("unsafe_reuse", "attn_grad", "scale_grad")]
+    assert sanitize(ours).errors == []
+    tl, tlo = simulate(seed), simulate(ours)
+    assert [(r.consumer, r.producer, r.overlaps) for r in tl.unordered_reads] == [("wo_grad", "scale_grad", True)]
+    (u,) = tl.unsafe_frees
+    assert (u.tensor, u.reader) == ("scale_grad", "attn_grad") and u.freed_at < u.read_end
+    assert tlo.unordered_reads == [] and tlo.unsafe_frees == []

@@ -319,3 +319,171 @@ def test_seed_defects_show_up_and_the_corrected_passes_are_clean():
         assert set(tl.spans) == {"p", "c0", "c2"}
     assert found[True] == ([("c2", "p")], [("p", "c0")])
     assert found[False] == ([], [])
+
+
+# ---- contention: kernels that overlap share the device (issue 13 item 1) ------------------------------------
+
+from streamnb.cost import DEVICE_SPECS, get_roofline_estimate  # noqa: E402
+from streamnb.simulator import Demand, fair_level, kernel_demand, occupancy, us  # noqa: E402
+
+
+def pair(cost_a, cost_b, same_stream=False, shapes=((4, 4), (4, 4)), ops=(aten.neg.default, aten.neg.default),
+         dtype=None):
+    b = GraphBuilder()
+    outs = []
+    for name, s, shape, op in zip("ab", (1, 1 if same_stream else 2), shapes, ops):
+        x = b.input(f"x_{name}", shape=shape, dtype=dtype)
+        outs.append(b.op(op, *([x, x] if op is aten.mm.default else [x]), stream=s, name=name))
+    return b.output(*outs), ({"a": cost_a, "b": cost_b} if cost_a is not None else None)
+
+
+def test_two_bandwidth_bound_kernels_on_two_streams_take_as_long_as_on_one():
+    # by hand: memory demand 1 each -> load 2, fair level 1/2, each runs at rate 1/2: 1 ms of work ends at 2 ms,
+    # exactly the single-stream makespan (1 + 1 ms)
+    demands = {"a": Demand(0.0, 1.0), "b": Demand(0.0, 1.0)}
+    two, cost = pair(1.0, 1.0)
+    one, _ = pair(1.0, 1.0, same_stream=True)
+    tl = simulate(two, cost=cost, contention=demands)
+    assert tl.spans == {"a": (1, 0.0, 2.0), "b": (2, 0.0, 2.0)}
+    assert tl.makespan == simulate(one, cost=cost, contention=demands).makespan == simulate(one, cost=cost).makespan == 2.0
+    assert simulate(two, cost=cost).makespan == 1.0 and tl.contended and tl.busy == {1: 2.0, 2: 2.0}
+    # from the roofline: neg of 4M float32 moves 2 x 16 MiB; alone it takes T = 32 MiB / 3350 GB/s and its memory
+    # demand is T / T = 1 (occupancy 4096 blocks / 132 SMs -> 1): the same 2 T on two streams as on one
+    two, _ = pair(None, None, shapes=((1 << 22,), (1 << 22,)))
+    one, _ = pair(None, None, same_stream=True, shapes=((1 << 22,), (1 << 22,)))
+    t = 2 * (1 << 22) * 4 / (DEVICE_SPECS["H100"].hbm_gbps * 1e9) * 1e3
+    assert simulate(two).makespan == pytest.approx(t, rel=1e-12)
+    assert simulate(two, contention=True).makespan == pytest.approx(2 * t, rel=1e-12)
+    assert simulate(one, contention=True).makespan == pytest.approx(2 * t, rel=1e-12)
+
+
+def test_two_small_latency_bound_kernels_overlap_fully():
+    # by hand: demands 0.01 each -> loads 0.02 <= 1, rates 1: both end at their cost, as with free overlap
+    two, cost = pair(us(5), us(5))
+    tl = simulate(two, cost=cost, contention={"a": Demand(0.01, 0.01), "b": Demand(0.01, 0.01)})
+    assert tl.spans == simulate(two, cost=cost).spans == {"a": (1, 0.0, us(5)), "b": (2, 0.0, us(5))}
+    # from the roofline: neg of 1024 floats fills 1 block = 1/132 of the SMs; measured at 5 us (latency-bound) its
+    # memory demand is 8 KiB / 3350 GB/s / 5 us ~ 5e-4; even at its roofline cost it asks for at most 1/132
+    two, _ = pair(None, None, shapes=((1024,), (1024,)))
+    node = next(n for n in two.graph.nodes if n.name == "a")
+    assert occupancy(node) == 1 / 132
+    assert kernel_demand(node, get_roofline_estimate(node)) == Demand(0.0, 1 / 132)
+    for c in ({"a": us(5), "b": us(5)}, None):
+        assert simulate(two, cost=c, contention=True).spans == simulate(two, cost=c).spans
+
+
+def test_a_mixed_pair_lands_in_between():
+    # by hand: a compute-bound (compute 1, memory 0.5), b bandwidth-bound (memory 1), 1 ms each.
+    # compute load 1: no shortage. memory load 1.5: fair level 0.5 -> a gets its 0.5 (rate 1), b 0.5 (rate 0.5).
+    # a ends at 1; b has done 0.5, then runs alone: ends at 1.5. free overlap 1, one stream 2.
+    two, cost = pair(1.0, 1.0)
+    tl = simulate(two, cost=cost, contention={"a": Demand(1.0, 0.5), "b": Demand(0.0, 1.0)})
+    assert tl.spans == {"a": (1, 0.0, 1.0), "b": (2, 0.0, 1.5)}
+    # from the roofline on an H100: a = mm(x, x), x 2048x2048 bf16 (2 * 2048^3 FLOPs at 75% of 989.4 TFLOP/s: C;
+    # x read once and the output written, 2 * 2048^2 * 2 bytes at 3350 GB/s: T_a; compute demand 1, memory demand
+    # m = T_a / C ~ 0.216; occupancy 4096 blocks / 132 SMs -> 1), b = neg of 2^25 bf16
+    # (2 * 2^25 * 2 bytes: T_b, memory demand 1). Memory load 1 + m > 1: level 1 - m (since 2m < 1): a runs at 1,
+    # b at 1 - m. At C, b has done (1 - m) C < T_b; it ends at C + T_b - (1 - m) C = T_b + m C.
+    spec = DEVICE_SPECS["H100"]
+    c = 2 * 2048 ** 3 / (spec.bf16_tflops * 1e12 * 0.75) * 1e3
+    ta = 2 * 2048 ** 2 * 2 / (spec.hbm_gbps * 1e9) * 1e3
+    tb = 2 * (1 << 25) * 2 / (spec.hbm_gbps * 1e9) * 1e3
+    m = ta / c
+    assert 2 * m < 1 and (1 - m) * c < tb
+    two, _ = pair(None, None, shapes=((2048, 2048), (1 << 25,)), ops=(aten.mm.default, aten.neg.default),
+                  dtype=torch.bfloat16)
+    free, cont = simulate(two), simulate(two, contention=True)
+    assert free.spans["a"][2] == pytest.approx(c, rel=1e-12) and free.makespan == pytest.approx(tb, rel=1e-12)
+    assert cont.spans["a"][2] == pytest.approx(c, rel=1e-12)
+    assert cont.spans["b"][2] == pytest.approx(tb + m * c, rel=1e-12)
+    assert free.makespan < cont.makespan < c + tb   # between free overlap and one stream
+
+
+def test_fair_level_and_bad_demands():
+    assert fair_level([0.2, 0.3]) == float("inf")
+    assert fair_level([0.5, 1.0]) == 0.5
+    assert fair_level([1.0, 0.1, 1.0]) == pytest.approx(0.45)
+    two, cost = pair(1.0, 1.0)
+    with pytest.raises(StreamnbError, match="node b: not in the demand table"):
+        simulate(two, cost=cost, contention={"a": Demand()})
+    with pytest.raises(StreamnbError, match=r"node a: demand \(0, 2\)"):
+        simulate(two, cost=cost, contention=lambda n: (0, 2))
+    with pytest.raises(StreamnbError, match="contention must be"):
+        simulate(two, cost=cost, contention="yes")
+
+
+@settings(max_examples=100, deadline=None)
+@given(graphs(host_syncs=True), st.data())
+def test_contention_never_speeds_up_and_respects_capacity(g, data):
+    gm, cost, _ = g
+    free = simulate(gm, cost=cost)
+    # demands that fit (a total of at most 1 per resource) change nothing, exactly
+    kernels = sorted(free.spans)
+    small = {k: Demand(1 / (len(kernels) + 1), 0.5 / (len(kernels) + 1)) for k in kernels}
+    same = simulate(gm, cost=cost, contention=small)
+    assert (same.spans, same.waits, same.flows, same.memory, same.makespan, same.unsafe_frees) == \
+           (free.spans, free.waits, free.flows, free.memory, free.makespan, free.unsafe_frees)
+    # random demands: nothing gets earlier, no kernel is faster than alone, each stream still runs one at a time,
+    # and no resource does more than the device can: sum(demand x cost) <= makespan
+    fr = st.sampled_from([0.0, 0.25, 0.5, 1.0])
+    demand = {k: Demand(data.draw(fr), data.draw(fr)) for k in kernels}
+    tl = simulate(gm, cost=cost, contention=demand)
+    assert tl.makespan >= free.makespan - 1e-9
+    assert [(r.consumer, r.producer) for r in tl.unordered_reads] == [(r.consumer, r.producer) for r in free.unordered_reads]
+    for k, (s, a, b) in tl.spans.items():
+        assert a >= free.spans[k][1] - 1e-9 and b - a >= cost[k] - 1e-9
+    for s in tl.streams:
+        on = sorted((a, b) for (t, a, b) in tl.spans.values() if t == s)
+        assert all(b1 <= a2 + 1e-9 for (_, b1), (a2, _) in zip(on, on[1:]))
+    for r in (0, 1):
+        assert sum(demand[k][r] * cost[k] for k in kernels) <= tl.makespan + 1e-9
+
+
+# ---- the chapter's pictures show what its prose says (nbs/04_simulate.ipynb) ----------------------------------
+
+def test_chapter_pictures_support_the_prose():
+    # "on one stream the kernels run back to back for 7 us; on two streams both start at 0, makespan 5 us"
+    b = GraphBuilder(); x = b.input("x")
+    a3 = b.op(aten.neg.default, b.op(aten.add.Tensor, b.op(aten.mul.Tensor, x, x, stream=1), x, stream=1), stream=1)
+    one = simulate(b.output(a3), cost={"mul": us(1), "add": us(2), "neg": us(4)})
+    spans = sorted(one.spans.values(), key=lambda v: v[1])
+    assert all(e == s2 for (_, _, e), (_, s2, _) in zip(spans, spans[1:])) and one.makespan_us == pytest.approx(7)
+    b = GraphBuilder(); x = b.input("x")
+    p, q = b.op(aten.mul.Tensor, x, x, stream=1), b.op(aten.add.Tensor, x, x, stream=2)
+    two = simulate(b.output(p, b.op(aten.neg.default, q, stream=2)), cost={"mul": us(5), "add": us(1), "neg": us(1)})
+    assert two.spans["mul"][1] == two.spans["add"][1] == 0.0 and two.makespan_us == pytest.approx(5)
+    # "without the sync add starts at 0 while mul runs until 3 us (red outline); with it stream 0 waits 0..3 us,
+    # released by the event, and add runs from 3 to 4 us"
+    cost = {"p": us(3), "c": us(1)}
+    racy, safe = simulate(cross(False), cost=cost), simulate(cross(True), cost=cost)
+    (r,) = racy.unordered_reads
+    assert r.consumer == "c" and r.overlaps and racy.spans["c"][1] == 0.0 and racy.spans["p"][2] == pytest.approx(us(3))
+    (w,) = safe.waits
+    assert (w.stream, w.start, w.end) == (0, 0.0, pytest.approx(us(3))) and safe.unordered_reads == []
+    assert [(f.src_time, f.dst_time) for f in safe.flows] == [(w.end, w.end)]
+    assert safe.spans["c"][1:] == (pytest.approx(us(3)), pytest.approx(us(4)))
+    # "no remedy: the block goes back at 1 us while neg reads it until 5 us; record_stream defers the free to 5 us;
+    # sync_dealloc makes stream 0 wait until neg is done"
+    cost = {"t": us(1), "r": us(4), "u": us(2)}
+    plain, rs, sd = (simulate(dealloc_graph(m), cost=cost) for m in (None, "record_stream", "sync_dealloc"))
+    (u,) = plain.unsafe_frees
+    assert (u.freed_at, u.read_end) == (pytest.approx(us(1)), pytest.approx(us(5))) and u.freed_at < u.read_end
+    assert rs.lifetimes["t"].free == pytest.approx(us(5)) and rs.unsafe_frees == []
+    assert [s.end for s in rs.syncs if s.op == "record_stream"] == [pytest.approx(us(5))]
+    (dw,) = [w for w in sd.waits if w.op == "sync_dealloc"]
+    assert (dw.stream, dw.start, dw.end) == (0, pytest.approx(us(1)), pytest.approx(us(5))) and sd.unsafe_frees == []
+    # "free overlap vs contention: the big branches take (a hair more than) twice as long, the small ones are untouched"
+    b = GraphBuilder()
+    outs = []
+    for s, (name, n) in enumerate([("big1", 1 << 22), ("big2", 1 << 22), ("small1", 1024), ("small2", 1024)], start=1):
+        v = b.input(f"x_{name}", shape=(n,))
+        for j in range(3):
+            v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
+        outs.append(v)
+    gm = b.output(*outs)
+    c = lambda n: us(5) if n.name.startswith("small") else get_roofline_estimate(n)
+    free, cont = simulate(gm, cost=c), simulate(gm, cost=c, contention=True)
+    end = lambda tl, pre: max(e for k, (_, _, e) in tl.spans.items() if k.startswith(pre))
+    assert 2 * end(free, "big") <= end(cont, "big") < 2.01 * end(free, "big")
+    assert end(cont, "small") == end(free, "small") == pytest.approx(us(15))
+    assert cont.makespan_us > 2 * free.makespan_us - 1e-9

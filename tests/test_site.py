@@ -184,6 +184,10 @@ _PAGE_JS = """() => {
     sidebar: Array.from(document.querySelectorAll('.sidebar-tree a.reference')).map(a => a.getAttribute('href')),
     code: Array.from(main.querySelectorAll('.cell_input pre')).map(p => p.textContent),
     gpu: main.querySelectorAll('.gpu-label').length,
+    folded: Array.from(main.querySelectorAll('details')).filter(d => d.querySelector('.cell_input pre')).map(d => ({
+      open: d.open, summary: (d.querySelector('summary .collapsed') || d.querySelector('summary')).textContent.trim(),
+      visible: d.querySelector('.cell_input pre').checkVisibility(),   // false inside a closed <details>
+      code: d.querySelector('.cell_input pre').textContent})),
     api: api,
   };
 }"""
@@ -321,6 +325,35 @@ def test_every_chapter_shows_its_code_as_in_the_notebook(crawl):
         assert got == want, (f"{p.name}: code shown differs from the notebook's visible cells; first difference: "
                              f"{next(((g, w) for g, w in zip(got, want) if g != w), (len(got), len(want)))}")
         assert page["gpu"] == cuda, f"{p.name}: {page['gpu']} GPU labels for {cuda} #| cuda cells"
+
+
+def folded_code(nb_path: Path):
+    "The code of the cells whose first lines say `#| code-fold: true` (worked solutions), directive lines dropped."
+    out = []
+    for c in read_nb(nb_path).cells:
+        if c.cell_type != "code": continue
+        lines = c.source.splitlines()
+        dirs = {m.group(1): m.group(2).strip().lower() for m in (_re_dir.match(l) for l in lines) if m}
+        if "hide" in dirs or dirs.get("code-fold") != "true": continue
+        out.append(_norm("\n".join(l for l in lines if not _re_dir.match(l))))
+    return out
+
+
+def test_solution_cells_render_collapsed(crawl):
+    "A `#| code-fold: true` cell (an exercise's worked solution) shows its code in a closed <details> whose summary "
+    "reads Solution, without the directive line; its code is hidden until opened."
+    nbs, chapters = chapter_notebooks()
+    total = 0
+    for p in chapters + [nbs / "index.ipynb"]:
+        page = crawl["pages"][html_of(p, nbs) if p.name != "index.ipynb" else "index.html"]
+        want = folded_code(p)
+        total += len(want)
+        got = page["folded"]
+        assert [_norm(f["code"]) for f in got] == want, f"{p.name}: collapsed cells {got} != solution cells {want}"
+        for f in got:
+            assert not f["open"] and f["summary"] == "Solution" and not f["visible"], f"{p.name}: {f}"
+            assert "code-fold" not in f["code"], f"{p.name}: the directive line is shown: {f['code'][:80]}"
+    assert total, "no notebook has a #| code-fold: true cell: nothing checked"
 
 
 def _docfirst(obj):

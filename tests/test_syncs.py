@@ -1,4 +1,5 @@
 """Tests for streamnb.syncs: record/wait insertion, the seed's first-consumer-only rule and its correction."""
+import operator
 import warnings
 
 import pytest
@@ -488,3 +489,114 @@ def test_new_events_never_equal_one_the_graph_uses(upstream):
         records = [op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind == "record_event"]
         assert records.count(100) == 1 and len(records) > 1, records
         assert 100 not in registry.events and 3 not in registry.current_streams
+
+
+# --- the chapter's pictures and exercise (nbs/11_syncs.ipynb) ---
+
+def _us(t):
+    return round(t * 1000, 6)
+
+
+def _re_timeline(upstream):
+    from streamnb.assign import assign_backward_streams
+    from streamnb.examples import running_example
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    gm = running_example()
+    assign_backward_streams(gm)   # where chapter 10 leaves it
+    reg = StreamRegistry(start=100, current_stream=0)
+    with use_registry(reg):
+        insert_backward_syncs(gm, upstream=upstream)
+    races = [(e.nodes, e.tensor) for e in sanitize(gm, registry=reg).errors if e.kind == "race"]
+    return simulate(gm, registry=reg), races, gm
+
+
+def test_correction_1_running_example_picture_seed_race_outlined_corrected_waits():
+    seed_tl, seed_races, _ = _re_timeline(True)
+    fixed_tl, fixed_races, fixed = _re_timeline(False)
+    # the seed: the third-stream consumer wo_grad reads scale_grad unordered, and the timeline shows it overlapping
+    assert seed_races == [(("wo_grad", "scale_grad"), "scale_grad")]
+    (r,) = seed_tl.unordered_reads
+    assert (r.consumer, r.producer, r.consumer_stream, r.overlaps) == ("wo_grad", "scale_grad", 2, True)
+    assert r.start < r.producer_end
+    # corrected: no race, wo_grad starts when scale_grad ends, after a wait on stream 2; same makespan
+    assert fixed_races == [] and fixed_tl.unordered_reads == []
+    assert fixed_tl.spans["wo_grad"][1] == fixed_tl.spans["scale_grad"][2]
+    assert any(w.stream == 2 and w.end == fixed_tl.spans["scale_grad"][2] and w.duration > 0 for w in fixed_tl.waits)
+    assert _us(seed_tl.makespan) == _us(fixed_tl.makespan)
+    waits_on_scale = [n.next.name for n in fixed.graph.nodes if n.target == WAIT
+                      and any(r.target == REC and r.args[0] == n.args[0] and r.prev.name == "scale_grad"
+                              for r in fixed.graph.nodes)]
+    assert waits_on_scale == ["attn_grad", "wo_grad"]
+
+
+def test_war_picture_copy_waits_for_the_last_reads():
+    from streamnb.simulator import simulate
+    costs = {k: v / 1000 for k, v in {"relu": 1, "neg": 3, "sin": 2, "mul": 1, "copy_": 1}.items()}
+    (seed, sreg), (fixed, freg) = _run_reg(epilogue_copy(), upstream=True), _run_reg(epilogue_copy())
+    s, f = simulate(seed, cost=costs, registry=sreg), simulate(fixed, cost=costs, registry=freg)
+    assert (_us(s.spans["copy_"][1]), _us(f.spans["copy_"][1])) == (1.0, 3.0)   # seed: overwrites while neg/sin read
+    assert _us(s.spans["copy_"][1]) < _us(s.spans["neg"][2])
+    assert (_us(s.makespan), _us(f.makespan)) == (3.0, 4.0)
+
+
+def _sync_exercise():
+    from streamnb.exercises import Exercise
+
+    def start():
+        b = GraphBuilder()
+        g = b.input("tangents_1")
+        p = b.op(aten.neg.default, g, stream=1)
+        c0 = b.op(aten.mul.Tensor, p, g, stream=0)
+        c2 = b.op(aten.sin.default, p, stream=2)
+        c3 = b.op(aten.cos.default, p, stream=2)
+        return b.output(p, c0, c2, c3)
+
+    costs = {k: v / 1000 for k, v in {"neg": 2, "mul": 1, "sin": 1, "cos": 1}.items()}
+    return Exercise(title="fewest syncs", task="race-free with the fewest syncs", start=start,
+                    solution=lambda gm: insert_backward_syncs(gm), cost=costs)
+
+
+def _sync_answer(ex, waits_before):
+    from streamnb.exercises import node
+    gm = ex.start()
+    insert_record_event_after_node(gm.graph, node(gm, "neg"), 1)
+    for name in waits_before:
+        insert_wait_event_before_node(gm.graph, node(gm, name), 1)
+    return gm
+
+
+def test_exercise_fewest_syncs_solution_is_ok():
+    ex = _sync_exercise()
+    assert ex.check(ex.best()).ok
+    grade = ex.check(_sync_answer(ex, ["mul", "sin"]))
+    assert grade.ok, grade
+    assert (grade.syncs, grade.best_syncs) == (3, 3)
+
+
+def test_exercise_fewest_syncs_wrong_answers_are_caught():
+    ex = _sync_exercise()
+    seed_like = ex.check(_sync_answer(ex, ["mul"]))            # the notebook's wrong attempt: the seed's one wait
+    assert not seed_like.ok
+    assert any(p.startswith("race on neg: sin (stream 2)") for p in seed_like.problems), seed_like
+    assert any(p.startswith("race on neg: cos (stream 2)") for p in seed_like.problems), seed_like
+    too_many = ex.check(_sync_answer(ex, ["mul", "sin", "cos"]))   # a wait per consumer: one too many
+    assert not too_many.ok
+    assert too_many.problems == ["1 sync more than needed (4; the worked solution has 3)"], too_many
+
+
+def test_multi_output_unannotated_consumer_gets_its_wait():
+    """An unannotated multi-output node (a tuple `val`, as `native_layer_norm_backward`'s) reading a value made on a
+    side stream: the sync pass reads its device from its first tensor (the seed's `.device` of the tuple fails)."""
+    from streamnb.graph import MissingValError, get_device
+    b = GraphBuilder(shape=(4, 8))
+    t = b.input("tangents_1")
+    g = b.op(aten.neg.default, t, stream=1)
+    ln = b.op(aten.native_layer_norm.default, g, [8], None, None, 1e-5)       # no stream: the current one
+    out = b.op(operator.getitem, ln, 0)
+    gm = b.output(out)
+    insert_backward_syncs(gm)
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.index(streams.wait_event.default) < ops.index(aten.native_layer_norm.default)
+    ln.meta["val"] = (None,)
+    with pytest.raises(MissingValError, match="node native_layer_norm"): get_device(ln)

@@ -9,6 +9,8 @@ What this script does before Sphinx runs, in `build/docs-src/` (the notebooks in
   `backward_streams.html`, so the links in `streamnb/_modidx.py` work on this site);
 - nbdev's directives: `#| hide` cells are dropped, directive lines (`#| export`, `#| default_exp` ...) are removed,
   `#| hide_line` lines, `%` magics and ANSI escapes go, `#| echo: false` / `#| output: false` hide input / output,
+  `#| code-fold: true` (an exercise's worked solution) shows the code collapsed in a <details> whose summary reads
+  "Solution", its output below it,
   `#| filter_stream` filters, `#| cuda` cells get a "GPU cell" label (their outputs were recorded on a CUDA machine);
 - every exported cell gets anchors named as nbdev names them (`#graphbuilder`, `#capture.module`);
 - the API reference: one page per module of the package that has an `__all__` (found by walking the package, never
@@ -94,6 +96,14 @@ def defined_names(code: str) -> list[str]:
     return out
 
 
+SOLUTION = ("Solution", "Hide the solution")   # the summary of a collapsed cell, closed and open
+
+
+def folded(dirs: dict) -> bool:
+    "`#| code-fold: true` (Quarto's directive, which nbdev passes through): the cell's code starts collapsed."
+    return [v.lower() for v in dirs.get("code-fold", [])] == ["true"]
+
+
 def _export_target(dirs: dict, default: str | None) -> str | None:
     "The module an exported cell goes to: `#| export other` names it, else the notebook's `#| default_exp`."
     for k in ("export", "exports", "exporti"):
@@ -141,6 +151,9 @@ def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.Note
         if dirs.get("output", [""])[0].lower() == "false": meta["tags"].append("remove-output")
         if "cuda" in dirs:
             meta["tags"].append("gpu"); meta["streamnb"]["cuda"] = True; info["cuda_cells"] += 1
+        if folded(dirs):   # a worked solution: its code collapsed under "Solution", its output shown
+            meta["tags"].append("hide-input")
+            meta["mystnb"] = {"code_prompt_show": SOLUTION[0], "code_prompt_hide": SOLUTION[1]}
         target = _export_target(dirs, dflt)
         if target:
             names = defined_names(code)
