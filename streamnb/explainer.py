@@ -84,18 +84,18 @@ class Explanation:
 
     def summary(self) -> list[dict]:
         "One row per mode: makespan, peak memory, syncs inserted, sanitizer errors, partition, matches eager."
-        rows = [dict(mode="before passes", makespan_ms=self.before.makespan, peak_mib=self.before.peak_memory / 2**20,
+        rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
                      syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None,
                      partitions=True, matches_eager=None)]
         for r in self.modes.values():
-            rows.append(dict(mode=r.mode, makespan_ms=r.timeline.makespan, peak_mib=r.timeline.peak_memory / 2**20,
+            rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
                              syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
                              partitions=r.error is None, matches_eager=r.matches_eager))
         return rows
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
-        cols = ["mode", "makespan_ms", "peak_mib", "syncs", "errors", "reorder_errors", "partitions", "matches_eager"]
+        cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "partitions", "matches_eager"]
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
         table = [cols] + [[fmt(row[c]) for c in cols] for row in self.summary()]
         w = [max(len(r[i]) for r in table) for i in range(len(cols))]

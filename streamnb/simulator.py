@@ -127,7 +127,7 @@ class Timeline:
         return self.makespan * 1e3
 
     def __repr__(self):
-        return (f"Timeline(makespan={self.makespan:g} ms, streams={self.streams}, kernels={len(self.spans)}, "
+        return (f"Timeline(makespan={self.makespan_us:g} µs, streams={self.streams}, kernels={len(self.spans)}, "
                 f"peak_memory={self.peak_memory}, waits={sum(w.duration > 0 for w in self.waits)}, "
                 f"unordered_reads={len(self.unordered_reads)}, unsafe_frees={len(self.unsafe_frees)})")
 
