@@ -29,14 +29,15 @@ from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .metadata import populate_fw_metadata_with_stream_indices
 from .fastfx import paused_gc
 from .sanitizer import sanitize
+from .exercises import count_syncs
 
 # %% auto #0
-__all__ = ['NIMBLE_MAX', 'STRATEGIES', 'SmallExperts', 'DeepNarrow', 'table_models', 'table_graphs', 'estimate', 'AssignError',
-           'Dag', 'compute_dag', 'critical_path', 'critical_path_round_robin', 'reachability', 'transitive_reduction',
-           'max_matching', 'chains_from_matching', 'min_chain_cover', 'fit_to_streams', 'nimble', 'device_share',
-           'list_schedule', 'proposals', 'streamnb_choice', 'apply_streams', 'side_stream_indices', 'assign_streams',
-           'redundant_waits', 'count_syncs', 'minimize_syncs', 'run_passes_fewest_syncs', 'cross_stream_edges',
-           'lower_bound', 'Row', 'judge_one', 'judge', 'format_table', 'process_capture', 'without_syncs']
+__all__ = ['NIMBLE_MAX', 'STRATEGIES', 'SmallExperts', 'DeepNarrow', 'table_models', 'table_graphs', 'AssignError', 'Dag',
+           'compute_dag', 'critical_path', 'critical_path_round_robin', 'reachability', 'transitive_reduction',
+           'max_matching', 'chains_from_matching', 'min_chain_cover', 'fit_to_streams', 'nimble', 'list_schedule',
+           'proposals', 'streamnb_choice', 'apply_streams', 'side_stream_indices', 'assign_streams', 'redundant_waits',
+           'minimize_syncs', 'run_passes_fewest_syncs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one',
+           'judge', 'format_table', 'process_capture', 'without_syncs']
 
 # %% ../nbs/21_choosing_streams.ipynb #25a6c9c0
 class SmallExperts(nn.Module):
@@ -67,12 +68,6 @@ def table_graphs(seed: int = 0) -> dict[str, GraphModule]:
     "The backward graphs of `table_models`, captured (chapter 16), before any stream pass."
     from streamnb.capturing import capture
     return {name: capture(m, *xs).backward for name, (m, xs) in table_models(seed).items()}
-
-# %% ../nbs/21_choosing_streams.ipynb #fc838429
-def estimate(gm: GraphModule, *, contention: bool = True, device: str = "H100", registry: StreamRegistry | None = None,
-             name: str | None = None) -> Timeline:
-    "`simulate` with the contention-aware timeline (`contention=False`: free overlap)."
-    return simulate(gm, device=device, registry=registry, name=name, contention=contention)
 
 # %% ../nbs/21_choosing_streams.ipynb #b23ced9e
 class AssignError(StreamnbError):
@@ -228,10 +223,6 @@ def nimble(dag: Dag, streams: list) -> list:
     return fit_to_streams(min_chain_cover(dag)[1], dag.cost, streams)
 
 # %% ../nbs/21_choosing_streams.ipynb #0e7366f8
-def device_share(node: Node, ms: float, device: str = "H100") -> tuple[float, float]:
-    "The (compute, bandwidth) shares of the device `node` uses while it runs alone for `ms`: chapter 04's `kernel_demand`."
-    return tuple(kernel_demand(node, ms, device))
-
 def list_schedule(dag: Dag, streams: list, demand: list[tuple[float, float]], contention: bool = True) -> list:
     "Each node, in graph order, on the stream where it is estimated to end first (ties: its latest input's). O(n·k)."
     streams = list(streams) + [s for s in dict.fromkeys(dag.pinned.values()) if s not in streams]
@@ -265,14 +256,14 @@ def _estimate_choice(gm: GraphModule, dag: Dag, choice: list, keep_user: bool, d
     apply_streams(g, dataclasses.replace(dag, nodes=[by_name[n.name] for n in dag.nodes]), choice, keep_user)
     with use_registry(_eval_registry()) as reg:   # the control_deps wrapping moves no node: the estimate is the same
         run_passes_fewest_syncs(g, device=device, wrap=False)
-        return estimate(g, device=device, registry=reg)
+        return simulate(g, device=device, registry=reg, contention=True)
 
 # %% ../nbs/21_choosing_streams.ipynb #323def8b
 NIMBLE_MAX = 4000   # nodes: above, streamnb does not ask Nimble (its bitsets grow as n²)
 
 def proposals(dag: Dag, streams: list, device: str = "H100") -> dict[str, list]:
     "What streamnb judges: the list schedule on the first 1, 2, ... of `streams`, apex's and (small graphs) Nimble's."
-    demand = [device_share(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
+    demand = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
     out = {f"list schedule, {j} stream{'s' * (j > 1)}": list_schedule(dag, streams[:j], demand)
            for j in range(1, len(streams) + 1)}
     out["critical_path"] = critical_path_round_robin(dag, streams)
@@ -389,10 +380,6 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
         elif op.kind == "synchronize_device": vc.sync_device()
     return out
 
-def count_syncs(gm: GraphModule) -> int:
-    "Stream-op nodes of `gm` (bare or wrapped)."
-    return sum(1 for n in gm.graph.nodes if decode(n, gm) is not None)
-
 def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> tuple[int, int]:
     "Remove the redundant waits, then the records no one waits for any more; `(syncs before, syncs after)`."
     before = count_syncs(gm)
@@ -432,7 +419,7 @@ def cross_stream_edges(gm: GraphModule, registry: StreamRegistry | None = None) 
 def lower_bound(dag: Dag, device: str = "H100") -> float:
     "max(critical path, total work / device) in ms: the work on each resource is the kernels' times times their shares of it."
     cp = sum(dag.cost[v] for v in critical_path(dag, dag.cost))
-    shares = [device_share(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
+    shares = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
     return max(cp, *(sum(c * d[r] for c, d in zip(dag.cost, shares)) for r in (0, 1)))
 
 @dataclass
@@ -460,8 +447,8 @@ def judge_one(gm: GraphModule, model: str, strategy: str, *, side_streams: int =
                        keep_user=False)
         edges, used = cross_stream_edges(g, reg), len(g.meta["streamnb_assignment"]["streams"])
         run_passes_fewest_syncs(g, device=device)
-        free = estimate(g, contention=False, device=device, registry=reg)
-        tl = estimate(g, device=device, registry=reg, name=f"{model}: {strategy}")
+        free = simulate(g, device=device, registry=reg)
+        tl = simulate(g, device=device, registry=reg, name=f"{model}: {strategy}", contention=True)
         ok = sanitize(g, registry=reg).ok and sanitize(g, reorder=True, registry=reg).ok
     if bound is None: bound = lower_bound(compute_dag(gm, device=device, keep_user=False), device)
     before, after = g.meta["streamnb_syncs"]

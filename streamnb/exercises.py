@@ -17,7 +17,7 @@ from torch.fx import GraphModule, Node
 from .graph import StreamnbError, is_control_deps
 from .streamops import decode
 from .simulator import simulate
-from .sanitizer import Report, SanitizerError, sanitize
+from .sanitizer import Report, SanitizerError, _sname, sanitize
 
 # %% auto #0
 __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'work_problems', 'explain', 'count_syncs', 'makespan_us', 'Grade',
@@ -91,17 +91,15 @@ def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     return out
 
 # %% ../nbs/08_exercises.ipynb #a79361bb
-def _on(s) -> str: return "the current stream" if s is None else f"stream {s}"
-
 def explain(e: SanitizerError) -> str:
     "One sentence for a sanitizer error: the nodes, the streams, what can go wrong."
     (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
     if e.kind == "race":
-        return (f"race on {e.tensor}: {a} ({_on(sa)}) and {b} ({_on(sb)}) may run at the same time; "
-                f"nothing makes {_on(sa)} wait for {b}")
+        return (f"race on {e.tensor}: {a} ({_sname(sa)}) and {b} ({_sname(sb)}) may run at the same time; "
+                f"nothing makes {_sname(sa)} wait for {b}")
     if e.kind == "unsafe_reuse":
-        return (f"unsafe reuse: {e.tensor}'s memory goes back to {_on(sb)}'s pool after {b} while {a} "
-                f"({_on(sa)}) may still use it")
+        return (f"unsafe reuse: {e.tensor}'s memory goes back to {_sname(sb)}'s pool after {b} while {a} "
+                f"({_sname(sa)}) may still use it")
     if e.kind == "wait_without_record":
         return f"{a} waits on an event that no record_event before it records: the wait orders nothing"
     if e.kind == "reorderable":
@@ -117,7 +115,7 @@ def count_syncs(gm: GraphModule) -> int:
 
 def makespan_us(gm: GraphModule, cost=None) -> float:
     "The simulated makespan of `gm` in µs (`cost` as for `simulate`)."
-    return simulate(gm, cost=cost).makespan * 1e3
+    return simulate(gm, cost=cost).makespan_us
 
 # %% ../nbs/08_exercises.ipynb #7ea5a1cb
 @dataclass
