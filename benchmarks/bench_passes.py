@@ -46,6 +46,10 @@ Checks and extra measurements:
   run untimed on another copy); the torch 2.13 row's output is compared with the seed's too (they differ only on
   wait_stream, which these shapes do not have).
 * flatness: with several --sizes, us/node at the largest size over us/node at the smallest, per row and kind.
+* plain-kind ceiling: at the largest size, FX's codegen of each streamnb row's plain-kind output, timed alone
+  (`graph.python_code` and `compile()` of its source; the same code for the same graph, whichever pipeline made it).
+  Torch's plain total over it is the ratio a pipeline whose passes cost nothing could reach with FX's codegen; over it
+  plus the row's lazy total, what these passes reach when codegen follows them.
 * peak memory: a separate, untimed run per row at the largest size (lazy kind) under `tracemalloc` (Python's
   allocations: peak above the start of the run, in MiB). tracemalloc slows the run, hence its own run.
   --no-memory skips it.
@@ -267,6 +271,24 @@ def best_run(row: str, base: GraphModule, kind: str, repeat: int, keep: bool = F
     return best, ok, n_out, out
 
 
+def fx_codegen(gm: GraphModule) -> tuple[float, float]:
+    "FX's codegen of `gm`'s main graph, timed alone: (`graph.python_code`, `compile()` of its source), in seconds."
+    gc.collect()
+    t0 = time.perf_counter()
+    src = gm.graph.python_code(root_module="self").src
+    t1 = time.perf_counter()
+    compile(src, "<fx codegen>", "exec")
+    return t1 - t0, time.perf_counter() - t1
+
+
+def fmt_ceiling(r: dict, lazy_total: float | None) -> str:
+    "The plain-kind bound for row `r`: torch's plain total over FX's codegen of the row's output (passes free), and over that plus the row's lazy total."
+    py, co = r["fx_codegen"]
+    with_passes = f"; with this row's lazy passes ({lazy_total:.2f} s) {r['ref'] / (lazy_total + py + co):.2f}x" if lazy_total else ""
+    return (f"{r['shape']:<9}{r['size']:>7} {r['row']:<18} out {r['out']:>7}: FX codegen python_code {py:.2f} s + "
+            f"compile() {co:.2f} s; torch {r['ref']:.2f} s over it: {r['ref'] / (py + co):.2f}x{with_passes}")
+
+
 def peak_memory(row: str, base: GraphModule) -> float:
     "Peak Python memory (MiB) of one untimed run of `row` on a lazy copy, above the start of the run."
     gm = copy_as(base, "lazy")
@@ -393,7 +415,7 @@ def main(argv=None) -> int:
         profile(a.shapes[0], max(a.sizes), a.layer, a.profile_out)
         return 0
 
-    results, checks, memory = [], [], []
+    results, checks, memory, ceilings = [], [], [], []
     print("\n" + HEAD, flush=True)
     for shape in a.shapes:
         for size in a.sizes:
@@ -406,14 +428,21 @@ def main(argv=None) -> int:
                 ref = None
                 for row in ROWS:
                     keep = kind == a.kinds[0] and not a.no_check and row != "streamnb default"
-                    times, ok, n_out, out = best_run(row, base, kind, a.repeat, keep)
+                    bound = kind == "plain" and size == max(a.sizes) and row != "torch 2.13"
+                    times, ok, n_out, out = best_run(row, base, kind, a.repeat, keep or bound)
                     if keep: outs[row] = oracle.canonical(out)
-                    del out
                     if row == "torch 2.13": ref = times["total"]
                     r = dict(shape=shape, size=size, kind=kind, row=row, times=times, gc_ok=ok, **{"in": n_in},
                              out=n_out, ref=ref if row != "torch 2.13" else None)
+                    if bound: r["fx_codegen"] = fx_codegen(out)
+                    del out
                     results.append(r)
                     print(f"{kind:<6}" + fmt_row(r), flush=True)
+                    if bound:
+                        lazy = next((q["times"]["total"] for q in results if q["kind"] == "lazy" and q["row"] == row
+                                     and q["shape"] == shape and q["size"] == size), None)
+                        ceilings.append(fmt_ceiling(r, lazy))
+                        print("  ceiling " + ceilings[-1], flush=True)
             if not a.no_check:
                 checks.append(f"{shape} {size} ({n_in} in): " + identity(base, outs))
                 print("  " + checks[-1], flush=True)
@@ -437,6 +466,9 @@ def main(argv=None) -> int:
                 print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
                     f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
     if checks: print("\n## identity (canonical form, upstream=True vs PyTorch's seed)\n" + "\n".join(checks))
+    if ceilings: print("\n## plain-kind ceiling: FX's codegen of each output, timed alone (the same code for the same graph on "
+                       "either side); torch's plain total over it is the ratio passes that cost nothing would reach\n"
+                       + "\n".join(ceilings))
     if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind)\n" + "\n".join(memory))
     print("\n" + describe_code())
     return 0

@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 from torch.fx import GraphModule, Node
 
-from .graph import (StreamnbError, StreamRegistry, aten, get_registry, get_stream, is_bwd_node, is_gradient_acc,
-                            use_registry)
+from .graph import (GraphBuilder, StreamnbError, StreamRegistry, aten, get_registry, get_stream, is_bwd_node,
+                            is_gradient_acc, use_registry)
 from .streamops import VectorClocks, alias_source, current_stream_key, decode, physical_stream
 from .cost import get_roofline_estimate
-from .simulator import Timeline, is_alias, kernel_demand, simulate
+from .simulator import Timeline, is_alias, kernel_demand, simulate, us
 from .assign import _acc_stream, assign_backward_streams, assign_epilogue_copy_streams
 from .syncs import insert_backward_syncs
 from .dealloc import sync_deallocations
@@ -29,15 +29,16 @@ from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .metadata import populate_fw_metadata_with_stream_indices
 from .fastfx import paused_gc
 from .sanitizer import sanitize
-from .exercises import count_syncs
+from .exercises import Exercise, count_syncs
 
 # %% auto #0
 __all__ = ['NIMBLE_MAX', 'STRATEGIES', 'SmallExperts', 'DeepNarrow', 'table_models', 'table_graphs', 'AssignError', 'Dag',
            'compute_dag', 'critical_path', 'critical_path_round_robin', 'reachability', 'transitive_reduction',
            'max_matching', 'chains_from_matching', 'min_chain_cover', 'fit_to_streams', 'nimble', 'list_schedule',
            'proposals', 'streamnb_choice', 'apply_streams', 'side_stream_indices', 'assign_streams', 'redundant_waits',
-           'minimize_syncs', 'run_passes_fewest_syncs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one',
-           'judge', 'format_table', 'process_capture', 'without_syncs']
+           'minimize_syncs', 'redundant_wait_graph', 'run_passes_fewest_syncs', 'cross_stream_edges', 'lower_bound',
+           'Row', 'judge_one', 'judge', 'format_table', 'process_capture', 'without_syncs', 'fewest_syncs_start',
+           'fewest_syncs_exercise']
 
 # %% ../nbs/21_choosing_streams.ipynb #25a6c9c0
 class SmallExperts(nn.Module):
@@ -368,16 +369,9 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
         op = decode(n, gm)
         if op is None:
             if _launches(n): vc.launch(ph(get_stream(n)))
-        elif op.kind == "record_event": vc.record(op.event, ph(op.stream))
-        elif op.kind in ("wait_event", "sync_dealloc"):
-            snap, clk = vc.events.get(op.event), vc.clock(ph(op.stream))
-            if op.kind == "wait_event" and snap is not None and all(clk.get(s, 0) >= q for s, q in snap.items()):
-                out.append(n)
-            else: vc.wait(op.event, ph(op.stream))
-        elif op.kind == "wait_stream": vc.wait_stream(ph(op.streams[0]), ph(op.streams[1]))
-        elif op.kind == "synchronize_event": vc.sync_event(op.event)
-        elif op.kind == "synchronize_stream": vc.sync_stream(ph(op.stream))
-        elif op.kind == "synchronize_device": vc.sync_device()
+            continue
+        if op.kind == "wait_event" and vc.covers(op.event, ph(op.stream)): out.append(n)
+        vc.apply(op, ph)   # a covered wait changes no clock
     return out
 
 def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> tuple[int, int]:
@@ -391,6 +385,15 @@ def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> t
         if op.kind == "record_event" and op.event not in used and not op.node.users: gm.graph.erase_node(op.node)
     gm.recompile()
     return before, count_syncs(gm)
+
+# %% ../nbs/21_choosing_streams.ipynb #3e390d8a
+def redundant_wait_graph(third_reader: bool = True) -> GraphModule:
+    "`p`, `q` on stream 1; `c1`, `c2` on stream 2 read them (and `c0`, on stream 0, reads `p` if `third_reader`)."
+    b = GraphBuilder()
+    x = b.input("x")
+    p = b.op(aten.relu.default, x, stream=1, name="p"); q = b.op(aten.neg.default, p, stream=1, name="q")
+    c1 = b.op(aten.relu.default, q, stream=2, name="c1"); c2 = b.op(aten.add.Tensor, c1, p, stream=2, name="c2")
+    return b.output(c2, b.op(aten.neg.default, p, stream=0, name="c0")) if third_reader else b.output(c2)
 
 # %% ../nbs/21_choosing_streams.ipynb #4ddec174
 def run_passes_fewest_syncs(gm: GraphModule, *, minimize: bool = True, mechanism: str = "sync_dealloc",
@@ -503,3 +506,16 @@ def without_syncs(gm: GraphModule) -> GraphModule:
     gm.meta.pop("streamnb_passes", None)
     gm.recompile()
     return gm
+
+# %% ../nbs/21_choosing_streams.ipynb #7df6aa0f
+def fewest_syncs_start() -> GraphModule:
+    "Chapter 21's exercise graph: `redundant_wait_graph()` after the passes without `minimize_syncs` (bare syncs)."
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        return run_passes_fewest_syncs(redundant_wait_graph(), minimize=False, wrap=False)
+
+def fewest_syncs_exercise():
+    "Chapter 21's exercise: remove the waits that order nothing new; the worked solution is `minimize_syncs`."
+    return Exercise(title="the fewest syncs", start=fewest_syncs_start,
+                    task="Remove the wait_event nodes that order nothing new (exercises.remove(gm, name)).",
+                    solution=lambda gm: minimize_syncs(gm) and None,
+                    cost={"p": us(2), "q": us(1), "c1": us(1), "c2": us(1), "c0": us(1)})

@@ -18,20 +18,17 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import reserve_indices_in_use
-from .capturing import run_graph
+from .capturing import TORCH_STREAM_PASSES, run_graph
 
 # %% auto #0
-__all__ = ['CALL_SITES', 'PASS_NAMES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event',
-           'dynamo_current_stream', 'DynamoRegistry', 'values_on', 'use_streamnb_passes', 'executor_backend',
-           'canonical_modulo_inputs']
+__all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
+           'DynamoRegistry', 'values_on', 'use_streamnb_passes', 'executor_backend', 'canonical_modulo_inputs']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
     "This torch's AOTAutograd does not call the stream passes where and as torch 2.13 does: `use_streamnb_passes` refuses."
 
 CALL_SITES = "torch._functorch._aot_autograd.graph_capture"
-PASS_NAMES = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs", "sync_deallocations",
-              "wrap_all_sync_nodes_with_control_deps", "populate_fw_metadata_with_stream_indices")
 TORCH_CALLS = {   # function of graph_capture -> the stream-pass calls it makes, in this order (torch 2.13)
     "aot_dispatch_base_graph": ("assign_epilogue_copy_streams(fw_module)",
                                 "wrap_all_sync_nodes_with_control_deps(fw_module)",
@@ -55,7 +52,7 @@ def check_call_sites(module=None):
         pos = [src.find(re.sub(r"\s+", "", c)) for c in calls]
         if -1 in pos: raise UnsupportedTorchError(f"{where}: {CALL_SITES}.{fn} does not call {calls[pos.index(-1)]}; {known}")
         if pos != sorted(pos): raise UnsupportedTorchError(f"{where}: {CALL_SITES}.{fn} calls the stream passes in another order; {known}")
-    missing = [n for n in PASS_NAMES if not callable(getattr(gc, n, None))]
+    missing = [n for n in TORCH_STREAM_PASSES if not callable(getattr(gc, n, None))]
     if missing: raise UnsupportedTorchError(f"{where}: {CALL_SITES} has no {missing[0]}; {known}")
     return gc
 
@@ -157,8 +154,8 @@ class use_streamnb_passes(contextlib.ContextDecorator):
     def __enter__(self):
         gc = check_call_sites()                       # refuses before anything is patched
         if not self._saved: self.graphs, self.registries = [], []
-        self._saved.append({n: getattr(gc, n) for n in PASS_NAMES})
-        for n in PASS_NAMES: setattr(gc, n, self._pass(n))
+        self._saved.append({n: getattr(gc, n) for n in TORCH_STREAM_PASSES})
+        for n in TORCH_STREAM_PASSES: setattr(gc, n, self._pass(n))
         return self
 
     def __exit__(self, *exc):

@@ -11,7 +11,8 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, streams
 
 # %% auto #0
-__all__ = ['US', 'ABC_COST', 'ABC_SYNCS', 'REUSE_COST', 'PROTECTIONS', 'abc_graph', 'reuse_graph']
+__all__ = ['US', 'ABC_COST', 'ABC_SYNCS', 'REUSE_COST', 'PROTECTIONS', 'abc_graph', 'reuse_graph', 'wait_exercise_solution',
+           'wait_exercise']
 
 # %% ../nbs/00_primer.ipynb #cf40c948
 US = 1e-3                                      # one µs, in the simulator's unit (ms)
@@ -59,3 +60,22 @@ def reuse_graph(b_stream: int = 1, protect: str | None = None) -> GraphModule:
     c = g.op(aten.add.Tensor, x, x, stream=0, name="c")
     if protect == "sync_dealloc": g.sync(streams.sync_dealloc.default, 2, 0, a)
     return g.output(b, c)
+
+# %% ../nbs/00_primer.ipynb #e37812e1
+#| code-fold: true
+def wait_exercise_solution(gm: GraphModule) -> GraphModule:
+    "The worked solution of `wait_exercise`: the host sync replaced by a record after `a` and a wait just before `c`."
+    from streamnb.exercises import insert, remove
+    remove(gm, "synchronize_stream_default")
+    insert(gm, streams.record_event.default, 1, 1, after="a")     # event 1 marks the end of a on stream 1
+    insert(gm, streams.wait_event.default, 1, 0, before="c")      # stream 0 waits for it just before c
+    return gm
+
+# %% ../nbs/00_primer.ipynb #a591ae26
+def wait_exercise():
+    "The primer's exercise (an `Exercise` of `streamnb.exercises`): order `c` after `a` without blocking the host."
+    from streamnb.exercises import Exercise
+    return Exercise(title="Wait without blocking the host",
+                    task="Replace the host sync: order c after a with the fewest syncs, without slowing anything down.",
+                    start=lambda: abc_graph(1, "synchronize_stream", early=True), solution=wait_exercise_solution,
+                    cost=ABC_COST)

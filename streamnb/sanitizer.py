@@ -304,14 +304,13 @@ def _data_host(san: _Sanitizer, bits: int, st: dict | None) -> None:
 
 def _record_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     e, s = op.event, san.stream(op.stream)
-    san.vc.record(e, s)
     if san.do is not None: san.do.snap[n] = san.do.get(st, s)
     san.records[e] = n; san.recorded_on[n] = s
 
 def _wait_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     "wait_event, and sync_dealloc, which also holds its tensor."
     e, s = op.event, san.stream(op.stream)
-    if not san.vc.wait(e, s): _no_record(san, n, e, s)
+    if e not in san.vc.events: _no_record(san, n, e, s)
     san.waits.append((n, s, san.records.get(e)))
     _data_wait(san, e, s, st)
     if op.kind == "sync_dealloc" and isinstance(t := san.store.get(op.tensor), Block): t.sync_deallocs.append(n)
@@ -321,22 +320,19 @@ def _record_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
 
 def _wait_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     a, b = san.stream(op.streams[0]), san.stream(op.streams[1])
-    san.vc.wait_stream(a, b)
     if san.do is not None: st[a] = st.get(a, 0) | san.do.get(st, b)
 
 def _synchronize_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     e = op.event
-    if not san.vc.sync_event(e): _no_record(san, n, e, HOST)
+    if e not in san.vc.events: _no_record(san, n, e, HOST)
     r = san.records.get(e)
     if san.do is not None and r is not None and san.do.is_ancestor(r, st): _data_host(san, san.do.snap[r], st)
 
 def _synchronize_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     s = san.stream(op.stream)
-    san.vc.sync_stream(s)
     if san.do is not None: _data_host(san, san.do.get(st, s), st)
 
 def _synchronize_device(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
-    san.vc.sync_device()
     if san.do is not None:
         bits = 0
         for v in st.values(): bits |= v
@@ -350,9 +346,10 @@ _ON_SYNC = {   # the sanitizer's column of the stream-ops table: kind -> (saniti
 }
 
 def on_sync(san: _Sanitizer, n: Node, op: StreamOp, st: dict | None) -> None:
-    "Stream ops move the clocks: record snapshots, wait joins, host syncs join everything; sync_dealloc and record_stream also hold memory."
+    "Stream ops move the clocks (`VectorClocks.apply`, chapter 02) and the data-edge state; sync_dealloc and record_stream also hold memory."
     if san.do is not None: san.do.mark(n, st)
     if op.kind not in _ON_SYNC: raise StreamnbError(f"node {n.name}: the sanitizer does not know stream op {op.kind}")
+    san.vc.apply(op, san.stream)
     _ON_SYNC[op.kind](san, n, op, st)
 
 # %% ../nbs/07_sanitizer.ipynb #5b4de9e2

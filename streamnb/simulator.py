@@ -159,6 +159,7 @@ _ON_SYNC: dict[str, Callable] = {   # (state, decoded op, physical stream of an 
 def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
     "Apply one decoded stream op to the simulation state."
     if op.kind not in _ON_SYNC: raise StreamnbError(f"node {op.node.name}: the simulator does not know {op.kind}")
+    st.vc.apply(op, ph)   # happens-before: the one rule per kind (chapter 02)
     _ON_SYNC[op.kind](st, op, ph, base)
 
 # %% ../nbs/04_simulate.ipynb #c1888cf7
@@ -219,7 +220,6 @@ def launch(st: SimState, node: Node, s: int, ms: float, inputs: list[Node]) -> N
 # %% ../nbs/04_simulate.ipynb #9510ffb3
 def record_event(st: SimState, name: str, e: int, s: int) -> None:
     t = st.now(s)
-    st.vc.record(e, s)
     st.events[e] = (t, name, s)
     st.tail[s] = t
     st.tl.syncs.append(SyncOp(name, "record_event", s, t, t, event=e))
@@ -234,7 +234,7 @@ def _hold(st: SimState, name: str, op: str, s: int, until: float, on: str, **kw)
 
 def wait_event(st: SimState, name: str, e: int, s: int, op: str = "wait_event", tensor: str | None = None) -> None:
     st.stream(s)
-    if not st.vc.wait(e, s):
+    if e not in st.events:
         _hold(st, name, op, s, 0.0, f"event {e} (not recorded before this point: no-op)", event=e, tensor=tensor); return
     t, rec, rs = st.events[e]
     t1 = _hold(st, name, op, s, t, f"event {e}", event=e, tensor=tensor)
@@ -242,7 +242,6 @@ def wait_event(st: SimState, name: str, e: int, s: int, op: str = "wait_event", 
 
 def wait_stream(st: SimState, name: str, waiting: int, waited_on: int) -> None:
     t = st.now(waited_on)
-    st.vc.wait_stream(waiting, waited_on)
     t1 = _hold(st, name, "wait_stream", st.stream(waiting), t, f"stream {waited_on}")
     st.tl.flows.append(Flow(None, name, waited_on, t, name, waiting, t1))
 
@@ -254,7 +253,7 @@ def _host_hold(st: SimState, name: str, op: str, until: float, on: str, event=No
     return st.host
 
 def synchronize_event(st: SimState, name: str, e: int) -> None:
-    if not st.vc.sync_event(e):
+    if e not in st.events:
         _host_hold(st, name, "synchronize_event", 0.0, f"event {e} (not recorded before this point: no-op)", e); return
     t, rec, rs = st.events[e]
     t1 = _host_hold(st, name, "synchronize_event", t, f"event {e}", e)
@@ -262,11 +261,9 @@ def synchronize_event(st: SimState, name: str, e: int) -> None:
 
 def synchronize_stream(st: SimState, name: str, s: int) -> None:
     st.stream(s)
-    st.vc.sync_stream(s)
     _host_hold(st, name, "synchronize_stream", st.tail[s], f"stream {s}")
 
 def synchronize_device(st: SimState, name: str) -> None:
-    st.vc.sync_device()
     _host_hold(st, name, "synchronize_device", reduce(st.clk.mx, st.tail.values(), 0.0), "device")
 
 # %% ../nbs/04_simulate.ipynb #c01ee220

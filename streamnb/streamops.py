@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.fx import GraphModule, Node
@@ -153,6 +153,22 @@ class VectorClocks:
     def sync_stream(self, s): self.host_join(dict(self.clock(s)))
     def sync_device(self):
         for clk in list(self.clocks.values()): self.host_join(dict(clk))
+    def covers(self, e, s) -> bool:
+        "True if stream `s` already knows everything event `e`'s last record snapshotted: a wait on `e` would teach it nothing."
+        return e in self.events and all(self.clock(s).get(p, 0) >= k for p, k in self.events[e].items())
+    def apply(self, op: StreamOp, ph: Callable) -> bool:
+        """What the decoded stream op `op` orders, applied to the clocks (`ph`: a stream index -> the stream): the one
+        mapping from a kind to its happens-before effect. False for a wait on an event nothing has recorded (a no-op)."""
+        k = op.kind
+        if k == "record_event": self.record(op.event, ph(op.stream))
+        elif k in ("wait_event", "sync_dealloc"): return self.wait(op.event, ph(op.stream))
+        elif k == "wait_stream": self.wait_stream(ph(op.streams[0]), ph(op.streams[1]))
+        elif k == "synchronize_event": return self.sync_event(op.event)
+        elif k == "synchronize_stream": self.sync_stream(ph(op.stream))
+        elif k == "synchronize_device": self.sync_device()
+        elif k not in ("record_stream", "fork", "join"):   # they order nothing on the device
+            raise StreamnbError(f"node {op.node.name}: no happens-before rule for stream op {k} (add it to VectorClocks.apply)")
+        return True
 
 # %% ../nbs/02_streamops.ipynb #a8d1604f
 def schema_args(n: Node) -> list:

@@ -267,27 +267,9 @@ def test_busy_current_picture_sum_moves_off_stream_0_and_makespan_drops():
 
 
 def _acc_exercise():
-    from streamnb.exercises import Exercise
-    from streamnb.syncs import insert_backward_syncs
-
-    def start():
-        b = GraphBuilder()
-        t = b.input("tangents_1")
-        main = b.op(aten.exp.default, t, stream=0)
-        g1 = b.op(aten.neg.default, t, stream=1)
-        g2 = b.op(aten.sin.default, t, stream=2)
-        acc = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc")
-        mm = b.op(aten.mm.default, acc, t, stream=2)
-        return b.output(main, mm, g1)
-
-    def solution(gm):
-        assign_backward_streams(gm)
-        insert_backward_syncs(gm)
-        return gm
-
-    costs = {k: v / 1000 for k, v in {"exp": 4, "neg": 1, "sin": 1, "acc": 1, "mm": 3}.items()}
-    return Exercise(title="stream of a gradient accumulation", task="give acc a stream", start=start,
-                    solution=solution, cost=costs)
+    "10_backward_streams's exercise, as the chapter exports it."
+    from streamnb.examples import acc_exercise
+    return acc_exercise()
 
 
 def _acc_answer(ex, stream):

@@ -10,9 +10,10 @@ from torch.testing import assert_close
 
 from streamnb.capturing import capture, eager
 from streamnb.choosing import (STRATEGIES, AssignError, assign_streams, compute_dag, count_syncs, critical_path,
-                               critical_path_round_robin, judge, judge_one, max_matching, min_chain_cover,
-                               minimize_syncs, process_capture, reachability, redundant_waits, run_passes_fewest_syncs,
-                               table_graphs, transitive_reduction, without_syncs)
+                               critical_path_round_robin, fewest_syncs_exercise, judge, judge_one, max_matching,
+                               min_chain_cover, minimize_syncs, process_capture, reachability, redundant_wait_graph,
+                               redundant_waits, run_passes_fewest_syncs, table_graphs, transitive_reduction,
+                               without_syncs)
 from streamnb.examples import STREAM_MODELS, backward_like, make_model
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, aten, get_stream, streams, use_registry
 from streamnb.pipeline import run_stream_passes
@@ -109,14 +110,6 @@ def test_critical_path_known_dag():
 
 
 # ---- fewest syncs --------------------------------------------------------------------------------------------------
-
-def redundant_wait_graph(third_reader=True):
-    b = GraphBuilder()
-    x = b.input("x")
-    p = b.op(aten.relu.default, x, stream=1, name="p"); q = b.op(aten.neg.default, p, stream=1, name="q")
-    c1 = b.op(aten.relu.default, q, stream=2, name="c1"); c2 = b.op(aten.add.Tensor, c1, p, stream=2, name="c2")
-    return b.output(c2, b.op(aten.neg.default, p, stream=0, name="c0")) if third_reader else b.output(c2)
-
 
 def waits(gm):
     return [(n.args[1], n.next.name) for n in gm.graph.nodes if n.target is streams.wait_event.default]
@@ -276,13 +269,7 @@ def test_the_estimate_streamnb_judges_is_the_tables():
 # ---- the chapter's exercise (nbs/21_choosing_streams.ipynb) ---------------------------------------------------------
 
 def _fewest_ex():
-    from streamnb.exercises import Exercise
-
-    def start():
-        with reg(): return run_passes_fewest_syncs(redundant_wait_graph(), minimize=False, wrap=False)
-    return Exercise(title="the fewest syncs", start=start, task="remove the redundant waits",
-                    solution=lambda gm: minimize_syncs(gm) and None,
-                    cost={"p": 0.002, "q": 0.001, "c1": 0.001, "c2": 0.001, "c0": 0.001})
+    return fewest_syncs_exercise()
 
 
 def test_exercise_solution_is_ok():

@@ -977,37 +977,23 @@ def test_wrap_by_hand_refuses_before_any_change():
     assert canonical(gm) == before
 
 
-def two_consumers():
-    "The chapter's exercise graph: p on stream 1 read by c0 (stream 0) and c2 (stream 2), syncs in place, unwrapped."
-    b = GraphBuilder(shape=(1024, 1024))
-    x, w = b.input("x"), b.input("w")
-    p = b.op(aten.mm.default, x, w, stream=1, name="p")
-    b.sync(REC, 1, 1)
-    b.sync(WAIT, 1, 0)
-    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-    b.sync(WAIT, 1, 2)
-    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-    return b.output(c0, c2, p)
-
-
-SOLUTION = {"record_event_default": ["p"],
-            "wait_event_default": ["record_event_default", "p"],
-            "wait_event_default_1": ["record_event_default", "p"]}
 SEED_ATTEMPT = {"record_event_default": ["p"],
                 "wait_event_default": ["record_event_default"],
                 "wait_event_default_1": ["record_event_default"]}
 
 
 def _exercise():
-    from streamnb.exercises import Exercise
-    return Exercise(title="Pin both consumers", task="wrap so that no order of the data edges races",
-                    start=two_consumers, solution=lambda gm: wrap_by_hand(gm, SOLUTION), reorder=True)
+    "13_control_deps's exercise, as the chapter exports it: `two_consumers`, wrapped so that no edge order races."
+    from streamnb.examples import control_deps_exercise
+    return control_deps_exercise()
 
 
 def test_exercise_solution_is_ok():
     ex = _exercise()
-    grade = ex.check(wrap_by_hand(ex.start(), SOLUTION))
+    best = ex.best()
+    grade = ex.check(best)
     assert grade.ok, grade
+    assert sanitize(best, reorder=True).ok and not sanitize(ex.start(), reorder=True).ok
 
 
 def test_exercise_seed_attempt_is_caught():

@@ -10,6 +10,7 @@ import torch._functorch._aot_autograd.streams as torch_streams
 import torch.utils._runtime_estimation as rt
 from streamnb.cost import get_device_spec
 from streamnb.dealloc import handle_synced_deallocation, populate_stream_timeline, sync_deallocations
+from streamnb.examples import long_side_read
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamnbError, StreamRegistry, canonical, get_current_stream, get_stream, new_event,
                             use_registry)
@@ -22,14 +23,8 @@ SEED_FAILS = pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the
 # ---------------------------------------------------------------- graphs
 
 def small_graph(n=2048, n_adds=5):
-    "mul on s0, read by a matmul on s1; s0 goes on with n_adds elementwise adds."
-    b = GraphBuilder(dtype=torch.bfloat16, shape=(n, n))
-    g = b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, g, stream=0)
-    mm = b.op(aten.mm.default, mul, g, stream=1)
-    a = g
-    for _ in range(n_adds): a = b.op(aten.add.Tensor, a, 1.0, stream=0)
-    return b.output(mm, a)
+    "mul on s0, read by a matmul on s1; s0 goes on with n_adds elementwise adds (the chapter's `long_side_read`)."
+    return long_side_read(n=n, n_adds=n_adds)
 
 
 def busy_alloc_graph():
@@ -468,25 +463,9 @@ def test_running_example_seed_reuses_memory_a_side_stream_still_reads():
 
 
 def _exercise():
-    "12_dealloc's exercise: move the seed's sync_dealloc so that stream 0 never stalls, as early as possible."
-    from streamnb.exercises import Exercise, move
-    from streamnb.simulator import simulate
-    from streamnb.syncs import insert_backward_syncs
-
-    def start():
-        gm = small_graph(n_adds=7)
-        insert_backward_syncs(gm)
-        with use_registry(StreamRegistry(start=3)): sync_deallocations(gm, upstream=True)
-        return gm
-
-    def solution(gm):
-        move(gm, "sync_dealloc_default", before="output")
-        tl = simulate(gm)
-        after = next(k for k, (s, _, end) in tl.spans.items() if s == 0 and end >= tl.spans["mm"][2])
-        move(gm, "sync_dealloc_default", after=after)
-        return gm
-
-    return Exercise("place the dealloc", "move sync_dealloc_default ...", start=start, solution=solution)
+    "12_dealloc's exercise, as the chapter exports it: move the seed's sync_dealloc so that stream 0 never stalls."
+    from streamnb.examples import dealloc_exercise
+    return dealloc_exercise()
 
 
 def test_exercise_solution_passes_and_is_the_earliest():

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
+from streamnb.examples import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
 
@@ -74,52 +75,15 @@ def test_against_torch_oracle():
 
 # --- the chapter's pictures, the running example and the exercise (nbs/14_metadata.ipynb) ---
 
-def _forward(b):
-    x = b.input("primals_1", tag="is_forward")
-    y = b.input("primals_2", tag="is_forward")
-    z = b.input("primals_3", tag="is_forward")
-    new_x = b.op(aten.mul.Tensor, x, x, stream=1, tag="is_forward")
-    new_y = b.op(aten.add.Tensor, y, y, tag="is_forward")
-    out = b.op(aten.sin.default, z, stream=2, tag="is_forward")
-    return (x, y), (new_x, new_y, out)
-
-
-def _forward_gm():
-    b = GraphBuilder()
-    _, outs = _forward(b)
-    return b.output(*outs)
-
-
-def _with_wrapper():
-    b = GraphBuilder()
-    inputs, outs = _forward(b)
-    copies = [b.op(aten.copy_.default, i, n, stream=0, tag="is_forward") for i, n in zip(inputs, outs)]
-    return b.output(*outs, *copies)
-
-
-_COSTS = {k: v / 1000 for k, v in {"mul": 3, "add": 1, "sin": 1, "copy_": 1, "copy__1": 1}.items()}
-
-
-def _waits_from_metadata(gm):
-    from streamnb.exercises import insert
-    from streamnb.graph import streams
-    meta = SimpleNamespace(num_mutated_inp_runtime_indices=2)
-    populate_fw_metadata_with_stream_indices(_forward_gm(), meta)
-    for copy, s in zip(("copy_", "copy__1"), meta.mutated_inp_stream_indices):
-        if s is not None and s != 0:
-            insert(gm, streams.wait_stream.default, 0, s, before=copy)
-    return gm
-
-
 def test_wrapper_picture_blind_copy_races_told_copy_waits():
     from streamnb.sanitizer import sanitize
     from streamnb.simulator import simulate
-    blind = simulate(_with_wrapper(), cost=_COSTS)
+    blind = simulate(with_wrapper(), cost=WRAPPER_COST)
     assert [(r.consumer, r.producer, round(r.start * 1e3, 6), round(r.producer_end * 1e3, 6))
             for r in blind.unordered_reads] == [("copy_", "mul", 1.0, 3.0)]
-    assert sorted((e.kind, e.tensor) for e in sanitize(_with_wrapper()).errors) == [("race", "mul"), ("race", "primals_1")]
-    told_gm = _waits_from_metadata(_with_wrapper())
-    told = simulate(told_gm, cost=_COSTS)
+    assert sorted((e.kind, e.tensor) for e in sanitize(with_wrapper()).errors) == [("race", "mul"), ("race", "primals_1")]
+    told_gm = wrapper_exercise_solution(with_wrapper())
+    told = simulate(told_gm, cost=WRAPPER_COST)
     assert told.unordered_reads == []
     assert [(w.stream, round(w.start * 1e3, 6), round(w.end * 1e3, 6)) for w in told.waits if w.duration > 0] == [(0, 1.0, 3.0)]
     assert round(told.spans["copy_"][1] * 1e3, 6) == 3.0
@@ -139,15 +103,9 @@ def test_running_example_metadata_after_the_pipeline():
     assert indices(gm, 3) == [1, 2, 0]
 
 
-def _wrapper_exercise():
-    from streamnb.exercises import Exercise
-    return Exercise(title="the wrapper's write-back", task="wait for the streams the metadata names",
-                    start=_with_wrapper, solution=_waits_from_metadata, cost=_COSTS)
-
-
 def test_exercise_wrapper_solution_is_ok():
-    ex = _wrapper_exercise()
-    grade = ex.check(_waits_from_metadata(_with_wrapper()))
+    ex = wrapper_exercise()
+    grade = ex.check(wrapper_exercise_solution(with_wrapper()))
     assert grade.ok, grade
     assert grade.syncs == 1
 
@@ -155,11 +113,11 @@ def test_exercise_wrapper_solution_is_ok():
 def test_exercise_wrapper_wrong_answers_are_caught():
     from streamnb.exercises import insert
     from streamnb.graph import streams
-    ex = _wrapper_exercise()
-    last = _with_wrapper()                     # the notebook's wrong attempt: the last output's stream (2)
+    ex = wrapper_exercise()
+    last = with_wrapper()                      # the notebook's wrong attempt: the last output's stream (2)
     insert(last, streams.wait_stream.default, 0, 2, before="copy_")
     grade = ex.check(last)
     assert not grade.ok
     assert any(p.startswith("race on mul: copy_ (stream 0) and mul (stream 1)") for p in grade.problems), grade
-    nothing = ex.check(_with_wrapper())        # no wait at all
+    nothing = ex.check(with_wrapper())         # no wait at all
     assert not nothing.ok and any(p.startswith("race on primals_1") for p in nothing.problems), nothing

@@ -277,3 +277,14 @@ def test_harness_can_fail():
     bad = oracle.copy_gm(ref)
     next(n for n in bad.graph.nodes if n.name == "mul").meta["partitioner_tag"] = "is_backward"
     assert oracle.mismatch(ref, bad) is not None
+
+
+def test_one_list_of_the_passes():
+    """streamnb keeps one list of the pass names (graph.PIPELINE_ORDER, plus the metadata pass for the call sites); the
+    oracle, which must not import streamnb to judge it, names the same passes, and torch's graph_capture calls them all."""
+    import torch._functorch._aot_autograd.graph_capture as GC
+    from streamnb.capturing import TORCH_STREAM_PASSES
+    from streamnb.graph import PIPELINE_ORDER
+    assert oracle.PIPELINE == PIPELINE_ORDER
+    assert TORCH_STREAM_PASSES == (*PIPELINE_ORDER, "populate_fw_metadata_with_stream_indices")
+    assert all(callable(getattr(GC, n, None)) for n in TORCH_STREAM_PASSES)

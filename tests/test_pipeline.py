@@ -194,19 +194,13 @@ def test_pass_by_pass_on_the_running_example():
     assert canonical(gm) == canonical(both_pipelines()[1])
 
 
-def _order_exercise():
-    from streamnb.examples import running_example as shared
-    from streamnb.exercises import Exercise
-    return Exercise("the order of the passes", "...", start=shared, solution=lambda gm: run_stream_passes(gm),
-                    reorder=True)
-
-
 def test_order_exercise_solution_and_wrong_answers():
     from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
     from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
     from streamnb.dealloc import sync_deallocations
+    from streamnb.examples import pipeline_exercise
     from streamnb.syncs import insert_backward_syncs
-    ex = _order_exercise()
+    ex = pipeline_exercise()                                   # 15_pipeline's exercise, as the chapter exports it
 
     def pipeline(*passes):
         gm = ex.start()

@@ -229,6 +229,39 @@ def test_simulator_and_sanitizer_share_the_clocks(monkeypatch):
     sanitize(gm, registry=StreamRegistry(current_stream=0)); assert launched == [1, 1]
 
 
+def test_apply_is_the_one_rule_from_kind_to_clocks(monkeypatch):
+    "The simulator, the sanitizer and the sync minimiser move the clocks for stream ops only through `VectorClocks.apply`."
+    import streamnb.choosing, streamnb.sanitizer, streamnb.simulator
+    from streamnb.choosing import redundant_waits
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    for mod in (streamnb.simulator, streamnb.sanitizer, streamnb.choosing):   # no second dispatch on kinds to clock methods
+        assert not re.search(r"\bvc\.(record|wait|wait_stream|sync_event|sync_stream|sync_device)\(", inspect.getsource(mod))
+    applied = []
+    orig = VectorClocks.apply
+    monkeypatch.setattr(VectorClocks, "apply", lambda self, op, ph: applied.append(op.kind) or orig(self, op, ph))
+    gm, _, _ = one_op(streams.wait_event.default, False)
+    reg = StreamRegistry(current_stream=0)
+    simulate(gm, cost=lambda n: 1.0, registry=reg); sanitize(gm, registry=reg); redundant_waits(gm, reg)
+    assert applied == ["record_event", "wait_event"] * 3   # one_op records the event it then waits on
+
+
+def test_apply_per_kind():
+    "sync_dealloc waits like wait_event; record_stream, fork and join order nothing; an unknown kind is refused, naming the node."
+    ph = lambda i: i
+    vc = VectorClocks(); a = vc.launch(1); vc.record(7, 1)
+    for op in (streams.record_stream.default, streams.fork.default, streams.join.default):
+        gm, _, s = one_op(op, False)
+        assert vc.apply(decode(s), ph) and not vc.ordered(K(seq=a, stream=1), 0)
+    assert not vc.covers(7, 0)
+    gm, _, s = one_op(streams.sync_dealloc.default, False)   # sync_dealloc(7, 0, y)
+    assert vc.apply(decode(s), ph) and vc.ordered(K(seq=a, stream=1), 0) and vc.covers(7, 0)
+    assert not VectorClocks().apply(decode(s), ph)              # event 7 never recorded: a no-op, said
+    bad = K(kind="teleport", node=s)
+    with pytest.raises(StreamnbError, match=f"node {s.name}: no happens-before rule for stream op teleport"):
+        vc.apply(bad, ph)
+
+
 def test_one_alias_model():
     "Views, in-place ops, getitems and control_deps passthroughs share blocks; the simulator and the sanitizer read it."
     b = GraphBuilder(); x = b.input("x")

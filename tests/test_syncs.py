@@ -541,20 +541,9 @@ def test_war_picture_copy_waits_for_the_last_reads():
 
 
 def _sync_exercise():
-    from streamnb.exercises import Exercise
-
-    def start():
-        b = GraphBuilder()
-        g = b.input("tangents_1")
-        p = b.op(aten.neg.default, g, stream=1)
-        c0 = b.op(aten.mul.Tensor, p, g, stream=0)
-        c2 = b.op(aten.sin.default, p, stream=2)
-        c3 = b.op(aten.cos.default, p, stream=2)
-        return b.output(p, c0, c2, c3)
-
-    costs = {k: v / 1000 for k, v in {"neg": 2, "mul": 1, "sin": 1, "cos": 1}.items()}
-    return Exercise(title="fewest syncs", task="race-free with the fewest syncs", start=start,
-                    solution=lambda gm: insert_backward_syncs(gm), cost=costs)
+    "11_syncs's exercise, as the chapter exports it."
+    from streamnb.examples import sync_exercise
+    return sync_exercise()
 
 
 def _sync_answer(ex, waits_before):
