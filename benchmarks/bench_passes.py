@@ -58,7 +58,8 @@ Checks and extra measurements:
   with streamnb's own GC pause removed (if `streamnb.pipeline.paused_gc` exists) to show what the collector would
   cost; and the time spent in `GraphModule.recompile` (the main graph's codegen). Also torch with and without GC.
 
-Nothing is asserted on time. Run alone on the machine (2 shared cores); --repeat takes the best of N runs.
+Nothing is asserted on time. Run alone on the machine (2 shared cores); --repeat N runs the rows in turn N times
+(torch, upstream, default, torch, ...) and keeps each row's best, so that a slow spell slows every row alike.
 To measure a commit rather than the working tree, export it and point STREAMNB_SRC at the export (the first line
 printed says which streamnb ran):
 
@@ -257,18 +258,21 @@ def timed_run(row: str, gm: GraphModule, kind: str, gc_stats: dict | None = None
     return times, gc_state() == before
 
 
-def best_run(row: str, base: GraphModule, kind: str, repeat: int, keep: bool = False):
-    "Best of `repeat` runs on fresh copies: (times, gc ok, final node count, the last output if `keep`)."
-    best, ok, out = None, True, None
-    for _ in range(repeat):
-        gm = copy_as(base, kind)
-        t, same = timed_run(row, gm, kind)
-        ok &= same
-        best = t if best is None else {k: min(v, best.get(k, v)) for k, v in t.items()}
-        n_out = len(gm.graph.nodes)
-        out = gm if keep else None
-        del gm
-    return best, ok, n_out, out
+def best_runs(base: GraphModule, kind: str, repeat: int, keep: set) -> dict:
+    """Each row run `repeat` times on fresh copies, the rows in turn (torch, upstream, default, torch, ...), so that a
+    slow spell of the shared machine slows every row rather than one: row -> (best times, gc ok, final node count,
+    the last output if the row is in `keep`)."""
+    res = {row: (None, True, 0, None) for row in ROWS}
+    for i in range(repeat):
+        last = i == repeat - 1   # outputs are kept from the last round only: no kept graph slows torch's collector
+        for row in ROWS:
+            best, ok, _, _ = res[row]
+            gm = copy_as(base, kind)
+            t, same = timed_run(row, gm, kind)
+            best = t if best is None else {k: min(v, best.get(k, v)) for k, v in t.items()}
+            res[row] = (best, ok and same, len(gm.graph.nodes), gm if last and row in keep else None)
+            del gm
+    return res
 
 
 def fx_codegen(gm: GraphModule) -> tuple[float, float]:
@@ -426,10 +430,12 @@ def main(argv=None) -> int:
             outs = {}
             for kind in a.kinds:
                 ref = None
+                check = {row for row in ROWS if kind == a.kinds[0] and not a.no_check and row != "streamnb default"}
+                bounds = {row for row in ROWS if kind == "plain" and size == max(a.sizes) and row != "torch 2.13"}
+                runs = best_runs(base, kind, a.repeat, check | bounds)
                 for row in ROWS:
-                    keep = kind == a.kinds[0] and not a.no_check and row != "streamnb default"
-                    bound = kind == "plain" and size == max(a.sizes) and row != "torch 2.13"
-                    times, ok, n_out, out = best_run(row, base, kind, a.repeat, keep or bound)
+                    keep, bound = row in check, row in bounds
+                    times, ok, n_out, out = runs.pop(row)
                     if keep: outs[row] = oracle.canonical(out)
                     if row == "torch 2.13": ref = times["total"]
                     r = dict(shape=shape, size=size, kind=kind, row=row, times=times, gc_ok=ok, **{"in": n_in},

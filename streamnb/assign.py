@@ -12,10 +12,10 @@ from .graph import (aten, begin_pass, correction, flat_args, get_stream, get_str
                             set_stream)
 
 # %% auto #0
-__all__ = ['assign_backward_streams', 'assign_epilogue_copy_streams']
+__all__ = ['acc_stream', 'assign_backward_streams', 'assign_epilogue_copy_streams']
 
 # %% ../nbs/10_backward_streams.ipynb #cff3b996
-def _acc_stream(node: Node) -> int | None:
+def acc_stream(node: Node) -> int | None:
     "The seed's choice for an accumulation node: first user with a stream, else first argument with one."
     for neighbor in list(node.users) + flat_args(node):
         ind = get_stream(neighbor)
@@ -29,7 +29,7 @@ def assign_backward_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     if not begin_pass(gm, "assign_backward_streams"): return
     for node in reversed(list(gm.graph.nodes)):   # reverse: users are settled before the nodes they use
         if is_gradient_acc(node):
-            ind = _acc_stream(node)
+            ind = acc_stream(node)
             if ind is not None: set_stream(node, ind)
 
 # %% ../nbs/10_backward_streams.ipynb #dda4f73e

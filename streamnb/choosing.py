@@ -22,7 +22,7 @@ from .graph import (GraphBuilder, StreamnbError, StreamRegistry, aten, get_regis
 from .streamops import VectorClocks, alias_source, current_stream_key, decode, physical_stream
 from .cost import get_roofline_estimate
 from .simulator import Timeline, is_alias, kernel_demand, simulate, us
-from .assign import _acc_stream, assign_backward_streams, assign_epilogue_copy_streams
+from .assign import acc_stream, assign_backward_streams, assign_epilogue_copy_streams
 from .syncs import insert_backward_syncs
 from .dealloc import sync_deallocations
 from .control_deps import wrap_all_sync_nodes_with_control_deps
@@ -324,7 +324,7 @@ def apply_streams(gm: GraphModule, dag: Dag, choice: list, keep_user: bool = Tru
         if n not in keep and (n in accs or _alias_of(n, keep)[0]): _put(n, None)
     _follow_sources(gm, keep)
     for n in reversed(accs):   # assign_backward_streams' rule: first annotated user, else first annotated argument
-        if (s := _acc_stream(n)) is not None: _put(n, s)
+        if (s := acc_stream(n)) is not None: _put(n, s)
     _follow_users(gm, keep, default)
     _follow_sources(gm, keep)
 
