@@ -45,7 +45,7 @@ def paused_gc() -> Iterator[None]:
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
 _TARGET_NAMES: dict[Any, str] = {}
-_NAME_PARTS: dict[str, tuple] = {}   # candidate -> (base, number written out or None), FX's regex, once per candidate
+_NAME_PARTS: dict[str, tuple] = {}   # bare candidate -> (base, None): FX's regex once per name without a number
 
 def _unique_name(ns: _Namespace, candidate: str) -> str:
     "`ns.create_name(candidate, None)` (torch 2.13's steps, in the same order), with the regex match cached."
@@ -54,7 +54,9 @@ def _unique_name(ns: _Namespace, candidate: str) -> str:
         m = _name_regex.match(candidate)
         if m is None: return ns.create_name(candidate, None)   # characters to replace: FX's own way, never cached
         base, num = m.group(1, 2)
-        parts = _NAME_PARTS[candidate] = (base, None if num is None else int(num))
+        parts = (base, None if num is None else int(num))
+        if num is None: _NAME_PARTS[candidate] = parts   # only bare names recur ("getitem"): a numbered one is
+                                                         # mostly new each time, and caching it would grow forever
     (base, num), used = parts, ns._used_names
     if num is None or candidate in used:
         num = ns._base_count.get(base, 0)
@@ -73,7 +75,9 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
     if not FAST: return graph.create_node(op, target, args, kwargs, name)
     ns = graph._graph_namespace
-    if name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per target
+    if name is None and isinstance(target, str):   # a get_attr's attribute name: one of its own, not kept
+        name = graph._target_to_str(target)
+    elif name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per op
         name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, graph._target_to_str(target))
     name = _unique_name(ns, name)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)

@@ -49,3 +49,15 @@ def test_pipeline_restores_the_garbage_collector_also_on_error():
     with pytest.raises(Exception, match=node.name):
         run_stream_passes(gm)
     assert gc.isenabled()
+
+
+def test_module_caches_do_not_grow_with_the_graphs():
+    "fastfx's name and target caches hold one entry per op name, not per node: a pipeline run leaves no growing global state."
+    def run(n):
+        gm = graphgen.random_backward_graph(0, n_nodes=n)
+        with use_registry(StreamRegistry(start=100, current_stream=0)):
+            run_stream_passes(gm)
+    run(200)
+    sizes = len(fastfx._NAME_PARTS), len(fastfx._TARGET_NAMES)
+    run(400)
+    assert (len(fastfx._NAME_PARTS), len(fastfx._TARGET_NAMES)) == sizes
