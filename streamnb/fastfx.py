@@ -16,7 +16,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph import _Namespace, _illegal_names, _name_regex
+from torch.fx.graph import _Namespace, _illegal_names
 from torch.fx.immutable_collections import immutable_dict
 
 # %% auto #0
@@ -44,19 +44,19 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
-_TARGET_NAMES: dict[Any, str] = {}
-_NAME_PARTS: dict[str, tuple] = {}   # bare candidate -> (base, None): FX's regex once per name without a number
+_TARGET_NAMES: dict[Any, str] = {}   # op -> the name FX derives from it (one entry per op, not per node)
+
+def _split_name(candidate: str) -> tuple[str, int | None] | None:
+    """What FX's `_name_regex` makes of `candidate` (base, trailing number or None), without its backtracking; None
+    if the regex would not match (characters FX must replace first)."""
+    if not (candidate.isascii() and candidate.isidentifier()): return None   # i.e. not [a-zA-Z_][0-9a-zA-Z_]*
+    head, sep, tail = candidate.rpartition("_")
+    return (head, int(tail)) if sep and head and tail.isdigit() else (candidate, None)
 
 def _unique_name(ns: _Namespace, candidate: str) -> str:
-    "`ns.create_name(candidate, None)` (torch 2.13's steps, in the same order), with the regex match cached."
-    parts = _NAME_PARTS.get(candidate)
-    if parts is None:
-        m = _name_regex.match(candidate)
-        if m is None: return ns.create_name(candidate, None)   # characters to replace: FX's own way, never cached
-        base, num = m.group(1, 2)
-        parts = (base, None if num is None else int(num))
-        if num is None: _NAME_PARTS[candidate] = parts   # only bare names recur ("getitem"): a numbered one is
-                                                         # mostly new each time, and caching it would grow forever
+    "`ns.create_name(candidate, None)`: torch 2.13's steps, in the same order, with the name split without a regex."
+    parts = _split_name(candidate)
+    if parts is None: return ns.create_name(candidate, None)   # characters to replace: FX's own way
     (base, num), used = parts, ns._used_names
     if num is None or candidate in used:
         num = ns._base_count.get(base, 0)

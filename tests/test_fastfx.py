@@ -52,12 +52,26 @@ def test_pipeline_restores_the_garbage_collector_also_on_error():
 
 
 def test_module_caches_do_not_grow_with_the_graphs():
-    "fastfx's name and target caches hold one entry per op name, not per node: a pipeline run leaves no growing global state."
+    "fastfx caches one name per op, not per node: a pipeline run leaves no growing global state."
     def run(n):
         gm = graphgen.random_backward_graph(0, n_nodes=n)
         with use_registry(StreamRegistry(start=100, current_stream=0)):
             run_stream_passes(gm)
     run(200)
-    sizes = len(fastfx._NAME_PARTS), len(fastfx._TARGET_NAMES)
+    size = len(fastfx._TARGET_NAMES)
     run(400)
-    assert (len(fastfx._NAME_PARTS), len(fastfx._TARGET_NAMES)) == sizes
+    assert len(fastfx._TARGET_NAMES) == size
+
+
+def test_split_name_is_fx_name_regex():
+    "`_split_name` gives what FX's `_name_regex` gives (base, number) on generated names, or None where it fails."
+    import random
+    import re
+    from torch.fx.graph import _name_regex
+    rng = random.Random(0)
+    alphabet = "ab_Z0129.é-１"
+    for _ in range(20000):
+        c = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        m = _name_regex.match(c) if re.fullmatch(r"[0-9a-zA-Z_]*", c) else None   # else: FX's create_name, which
+        want = None if m is None else (m.group(1), None if m.group(2) is None else int(m.group(2)))   # replaces first
+        assert fastfx._split_name(c) == want, c
