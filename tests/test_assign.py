@@ -1,6 +1,7 @@
 """Tests for streamnb.assign: gradient-accumulation streams and epilogue-copy streams."""
 import pytest
 
+from streamnb.examples import acc_exercise
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)
@@ -266,12 +267,6 @@ def test_busy_current_picture_sum_moves_off_stream_0_and_makespan_drops():
     assert (_us(before.makespan), _us(after.makespan)) == (9.0, 7.0)
 
 
-def _acc_exercise():
-    "10_backward_streams's exercise, as the chapter exports it."
-    from streamnb.examples import acc_exercise
-    return acc_exercise()
-
-
 def _acc_answer(ex, stream):
     from streamnb.exercises import node
     from streamnb.graph import set_stream
@@ -284,7 +279,7 @@ def _acc_answer(ex, stream):
 
 
 def test_exercise_acc_stream_solution_is_ok():
-    ex = _acc_exercise()
+    ex = acc_exercise()
     assert ex.check(ex.best()).ok
     grade = ex.check(_acc_answer(ex, 2))
     assert grade.ok, grade
@@ -292,7 +287,7 @@ def test_exercise_acc_stream_solution_is_ok():
 
 
 def test_exercise_acc_stream_wrong_answers_are_caught():
-    ex = _acc_exercise()
+    ex = acc_exercise()
     first_arg = ex.check(_acc_answer(ex, 1))                 # the notebook's wrong attempt: the first argument's stream
     assert not first_arg.ok
     assert any("2 syncs more than needed" in p for p in first_arg.problems), first_arg

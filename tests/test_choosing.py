@@ -268,13 +268,9 @@ def test_the_estimate_streamnb_judges_is_the_tables():
 
 # ---- the chapter's exercise (nbs/21_choosing_streams.ipynb) ---------------------------------------------------------
 
-def _fewest_ex():
-    return fewest_syncs_exercise()
-
-
 def test_exercise_solution_is_ok():
     from streamnb.exercises import remove
-    ex = _fewest_ex()
+    ex = fewest_syncs_exercise()
     answer = ex.start(); remove(answer, "wait_event_default_1")
     assert ex.check(answer).ok, ex.check(answer)
     assert ex.check(ex.best()).ok
@@ -282,7 +278,7 @@ def test_exercise_solution_is_ok():
 
 def test_exercise_wrong_answers_are_caught():
     from streamnb.exercises import remove
-    ex = _fewest_ex()
+    ex = fewest_syncs_exercise()
     both = ex.start(); remove(both, "wait_event_default_1"); remove(both, "wait_event_default_2")
     g = ex.check(both)
     assert not g.ok and any(p.startswith("race on p: c0") for p in g.problems), g

@@ -14,6 +14,7 @@ from torch._functorch._aot_autograd import streams as torch_streams
 import graphgen
 
 SEED_FAILS = pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"), id="upstream")
+from streamnb.examples import control_deps_exercise
 from streamnb.control_deps import EmptyGraphError, wrap_all_sync_nodes_with_control_deps as wrap
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, StreamAnnotationError, StreamnbError,
                             StreamRegistry, UnknownEventError, canonical, get_stream, is_control_deps, use_registry)
@@ -982,14 +983,8 @@ SEED_ATTEMPT = {"record_event_default": ["p"],
                 "wait_event_default_1": ["record_event_default"]}
 
 
-def _exercise():
-    "13_control_deps's exercise, as the chapter exports it: `two_consumers`, wrapped so that no edge order races."
-    from streamnb.examples import control_deps_exercise
-    return control_deps_exercise()
-
-
 def test_exercise_solution_is_ok():
-    ex = _exercise()
+    ex = control_deps_exercise()
     best = ex.best()
     grade = ex.check(best)
     assert grade.ok, grade
@@ -997,7 +992,7 @@ def test_exercise_solution_is_ok():
 
 
 def test_exercise_seed_attempt_is_caught():
-    ex = _exercise()
+    ex = control_deps_exercise()
     answer = wrap_by_hand(ex.start(), SEED_ATTEMPT)
     assert sanitize(answer).ok                      # right in program order ...
     grade = ex.check(answer)
@@ -1008,7 +1003,7 @@ def test_exercise_seed_attempt_is_caught():
 
 
 def test_exercise_unwrapped_start_is_caught():
-    ex = _exercise()
+    ex = control_deps_exercise()
     assert not ex.check(ex.start()).ok
 
 

@@ -10,7 +10,7 @@ import torch._functorch._aot_autograd.streams as torch_streams
 import torch.utils._runtime_estimation as rt
 from streamnb.cost import get_device_spec
 from streamnb.dealloc import handle_synced_deallocation, populate_stream_timeline, sync_deallocations
-from streamnb.examples import long_side_read
+from streamnb.examples import dealloc_exercise, long_side_read
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamnbError, StreamRegistry, canonical, get_current_stream, get_stream, new_event,
                             use_registry)
@@ -462,16 +462,10 @@ def test_running_example_seed_reuses_memory_a_side_stream_still_reads():
     assert tf.makespan == pytest.approx(tl.makespan)
 
 
-def _exercise():
-    "12_dealloc's exercise, as the chapter exports it: move the seed's sync_dealloc so that stream 0 never stalls."
-    from streamnb.examples import dealloc_exercise
-    return dealloc_exercise()
-
-
 def test_exercise_solution_passes_and_is_the_earliest():
     from streamnb.exercises import move, node
     from streamnb.simulator import simulate
-    ex = _exercise()
+    ex = dealloc_exercise()
     best = ex.best()
     assert ex.check(best).ok
     where = node(best, "sync_dealloc_default").prev.name
@@ -484,7 +478,7 @@ def test_exercise_solution_passes_and_is_the_earliest():
 
 def test_exercise_wrong_answers_are_caught():
     from streamnb.exercises import move, remove
-    ex = _exercise()
+    ex = dealloc_exercise()
     seed = ex.check(ex.start())                                           # the seed's placement: a long stall
     assert not seed.ok and [p.split(" ")[0] for p in seed.problems] == ["makespan"]
     early = ex.start(); move(early, "sync_dealloc_default", after="add_3")

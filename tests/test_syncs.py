@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from streamnb.examples import sync_exercise
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
@@ -540,12 +541,6 @@ def test_war_picture_copy_waits_for_the_last_reads():
     assert (_us(s.makespan), _us(f.makespan)) == (3.0, 4.0)
 
 
-def _sync_exercise():
-    "11_syncs's exercise, as the chapter exports it."
-    from streamnb.examples import sync_exercise
-    return sync_exercise()
-
-
 def _sync_answer(ex, waits_before):
     from streamnb.exercises import node
     gm = ex.start()
@@ -556,7 +551,7 @@ def _sync_answer(ex, waits_before):
 
 
 def test_exercise_fewest_syncs_solution_is_ok():
-    ex = _sync_exercise()
+    ex = sync_exercise()
     assert ex.check(ex.best()).ok
     grade = ex.check(_sync_answer(ex, ["mul", "sin"]))
     assert grade.ok, grade
@@ -564,7 +559,7 @@ def test_exercise_fewest_syncs_solution_is_ok():
 
 
 def test_exercise_fewest_syncs_wrong_answers_are_caught():
-    ex = _sync_exercise()
+    ex = sync_exercise()
     seed_like = ex.check(_sync_answer(ex, ["mul"]))            # the notebook's wrong attempt: the seed's one wait
     assert not seed_like.ok
     assert any(p.startswith("race on neg: sin (stream 2)") for p in seed_like.problems), seed_like
