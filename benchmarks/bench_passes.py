@@ -46,10 +46,11 @@ Checks and extra measurements:
   run untimed on another copy); the torch 2.13 row's output is compared with the seed's too (they differ only on
   wait_stream, which these shapes do not have).
 * flatness: with several --sizes, us/node at the largest size over us/node at the smallest, per row and kind.
-* plain-kind ceiling: at the largest size, FX's codegen of each streamnb row's plain-kind output, timed alone
-  (`graph.python_code` and `compile()` of its source; the same code for the same graph, whichever pipeline made it).
-  Torch's plain total over it is the ratio a pipeline whose passes cost nothing could reach with FX's codegen; over it
-  plus the row's lazy total, what these passes reach when codegen follows them.
+* plain-kind ceiling: at the largest size, the codegen of each streamnb row's plain-kind output, timed alone: the
+  source written by FX's `graph.python_code` and by streamnb's `fastfx.python_code` (the same source, asserted; the
+  plain kind's `recompile` uses streamnb's), and `compile()` of it. Torch's plain total over streamnb's codegen is
+  the ratio a pipeline whose passes cost nothing could reach; over it plus the row's lazy total, what these passes
+  reach when the codegen follows them.
 * peak memory: a separate, untimed run per row at the largest size (lazy kind) under `tracemalloc` (Python's
   allocations: peak above the start of the run, in MiB). tracemalloc slows the run, hence its own run.
   --no-memory skips it.
@@ -275,22 +276,29 @@ def best_runs(base: GraphModule, kind: str, repeat: int, keep: set) -> dict:
     return res
 
 
-def fx_codegen(gm: GraphModule) -> tuple[float, float]:
-    "FX's codegen of `gm`'s main graph, timed alone: (`graph.python_code`, `compile()` of its source), in seconds."
+def fx_codegen(gm: GraphModule) -> tuple[float, float, float]:
+    """The main graph's codegen, timed alone, in seconds: (FX's `graph.python_code`, streamnb's `fastfx.python_code`,
+    `compile()` of the source). Both write the same source (tests/test_fastfx.py); the plain kind uses streamnb's."""
+    from streamnb import fastfx
     gc.collect()
     t0 = time.perf_counter()
     src = gm.graph.python_code(root_module="self").src
     t1 = time.perf_counter()
+    ours = getattr(fastfx, "python_code", lambda g: g.python_code(root_module="self"))(gm.graph).src   # (older exports: FX's)
+    t2 = time.perf_counter()
     compile(src, "<fx codegen>", "exec")
-    return t1 - t0, time.perf_counter() - t1
+    assert ours == src, "fastfx.python_code wrote other code than FX"
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
 def fmt_ceiling(r: dict, lazy_total: float | None) -> str:
-    "The plain-kind bound for row `r`: torch's plain total over FX's codegen of the row's output (passes free), and over that plus the row's lazy total."
-    py, co = r["fx_codegen"]
-    with_passes = f"; with this row's lazy passes ({lazy_total:.2f} s) {r['ref'] / (lazy_total + py + co):.2f}x" if lazy_total else ""
-    return (f"{r['shape']:<9}{r['size']:>7} {r['row']:<18} out {r['out']:>7}: FX codegen python_code {py:.2f} s + "
-            f"compile() {co:.2f} s; torch {r['ref']:.2f} s over it: {r['ref'] / (py + co):.2f}x{with_passes}")
+    """The plain-kind bound for row `r`: torch's plain total over the codegen of the row's output (passes free), and
+    over that plus the row's lazy total."""
+    fx, ours, co = r["fx_codegen"]
+    with_passes = f"; with this row's lazy passes ({lazy_total:.2f} s) {r['ref'] / (lazy_total + ours + co):.2f}x" if lazy_total else ""
+    return (f"{r['shape']:<9}{r['size']:>7} {r['row']:<18} out {r['out']:>7}: python_code FX {fx:.2f} s, streamnb {ours:.2f} s; "
+            f"compile() {co:.2f} s; torch {r['ref']:.2f} s over streamnb's codegen: {r['ref'] / (ours + co):.2f}x "
+            f"(over FX's: {r['ref'] / (fx + co):.2f}x){with_passes}")
 
 
 def peak_memory(row: str, base: GraphModule) -> float:
@@ -472,8 +480,8 @@ def main(argv=None) -> int:
                 print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
                     f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
     if checks: print("\n## identity (canonical form, upstream=True vs PyTorch's seed)\n" + "\n".join(checks))
-    if ceilings: print("\n## plain-kind ceiling: FX's codegen of each output, timed alone (the same code for the same graph on "
-                       "either side); torch's plain total over it is the ratio passes that cost nothing would reach\n"
+    if ceilings: print("\n## plain-kind ceiling: the codegen of each output, timed alone (python_code by FX and by streamnb: the "
+                       "same source; compile()); torch's plain total over it is the ratio passes that cost nothing would reach\n"
                        + "\n".join(ceilings))
     if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind)\n" + "\n".join(memory))
     print("\n" + describe_code())

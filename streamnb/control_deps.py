@@ -402,7 +402,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                 elif node.target in rules.ops: _event_sync(w, node)
                 elif "val" in node.meta: rules.add(w, node)
             node = next_node
-    if w.found_sync: gm.recompile()
+    if w.found_sync: fastfx.recompile(gm)
 
 # %% ../nbs/13_control_deps.ipynb #a6b74611
 def wrap_by_hand(gm: GraphModule, deps: dict[str, list[str]]) -> GraphModule:

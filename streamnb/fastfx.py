@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import operator
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,15 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph import _Namespace, _illegal_names
+import torch.fx.experimental._config
+from torch.fx.graph import (CodeGen, PythonCode, _custom_builtins, _format_target, _illegal_names, _is_from_torch,
+                            _is_magic, _Namespace, _PyTreeCodeGen, magic_methods)
+from torch.fx.node import _get_qualified_name
 from torch.fx.immutable_collections import immutable_dict
 
 # %% auto #0
 __all__ = ['FAST_FX_TORCH', 'FAST', 'fast_path_enabled', 'paused_gc', 'create_node', 'call_function', 'lazy_graph_module',
-           'has_attr', 'set_submodule', 'subgraph_name', 'create_subgraph_for_node']
+           'has_attr', 'set_submodule', 'subgraph_name', 'create_subgraph_for_node', 'python_code', 'recompile']
 
 # %% ../nbs/90_fastfx.ipynb #9eee3c01
 FAST_FX_TORCH = "2.13.0"   # the torch release whose FX internals the fast path below was written for
@@ -75,8 +79,10 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
     if not FAST: return graph.create_node(op, target, args, kwargs, name)
     ns = graph._graph_namespace
-    if name is None and isinstance(target, str):   # a get_attr's attribute name: one of its own, not kept
-        name = graph._target_to_str(target)
+    if name is None and isinstance(target, str):   # an attribute's or input's own name: not kept
+        # `_target_to_str` of a lower-case name that is not `__magic__` is the name itself (its snake case changes
+        # upper-case letters only): the subgraphs' `arg_0`, `dep_0`, `output` and the `subgraph_...` attributes
+        name = target if target == target.lower() and not _is_magic(target) else graph._target_to_str(target)
     elif name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per op
         name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, graph._target_to_str(target))
     name = _unique_name(ns, name)
@@ -175,6 +181,110 @@ def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Nod
     if deps: out.meta["val"] = tuple(o.meta.get("val") for o in outs)
     elif "val" in result.meta: out.meta["val"] = result.meta["val"]
     return lazy_graph_module(owner, sub)
+
+# %% ../nbs/90_fastfx.ipynb #948abefc
+class _NotEmitted(Exception): "A graph `python_code` leaves to FX."
+
+_REPR_TYPES = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
+_OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
+
+def _emit(graph: Graph, root_module: str) -> PythonCode:
+    "torch 2.13's `CodeGen._gen_python_code` (not verbose), for the graphs it is written for; `_NotEmitted` otherwise."
+    cg = graph._codegen
+    if type(cg) not in (CodeGen, _PyTreeCodeGen) or cg._body_transformer is not None or os.environ.get("FX_GRAPH_SHOW_META", "0") == "1":
+        raise _NotEmitted
+    nodes = list(graph.nodes)
+    if not nodes or nodes[-1].op != "output": raise _NotEmitted
+    namespace, globals_ = _Namespace(), {}
+    def add_global(hint: str, obj: Any) -> str:   # FX's `add_global`: a name in the namespace unless torch's
+        if _is_from_torch(obj) and obj != torch.device: return _get_qualified_name(obj)
+        name = namespace.create_name(hint, obj)
+        if name not in globals_: globals_[name] = obj   # (not `setdefault(...) != obj`: FX's `nan` is not itself)
+        elif globals_[name] != obj: raise AssertionError(f"Global name {name} already assigned to different object")
+        return name
+    for hint, (_, obj) in _custom_builtins.items(): add_global(hint, obj)
+    # FX names each node in that namespace as it first prints it; a node's own name is kept if it is an ASCII
+    # identifier, not a builtin, keyword or global, and not another node's (checked here: anything else goes to FX)
+    used = namespace._used_names
+    for n in nodes:
+        if not (n.name.isascii() and n.name.isidentifier()) or n.name in _illegal_names or n.name in used: raise _NotEmitted
+        used.add(n.name)
+    qualified: dict[Any, str] = {}
+    def target_name(t: Any) -> str:   # only torch's callables: they need no global
+        if t not in qualified:
+            if not _is_from_torch(t) or t == torch.device: raise _NotEmitted
+            qualified[t] = _get_qualified_name(t)
+        return qualified[t]
+    def get_repr(a: Any) -> str:   # FX's `_get_repr` for the argument types above
+        t = type(a)
+        if t is Node:
+            if a.graph is not graph: raise _NotEmitted   # a node of another graph (FX would name it anew)
+            return a.name
+        if t in _REPR_TYPES: return repr(a)
+        if t is tuple: return f"({get_repr(a[0])},)" if len(a) == 1 else "(" + ", ".join([get_repr(x) for x in a]) + ")"
+        if isinstance(a, list): return "[" + ", ".join([get_repr(x) for x in a]) + "]"
+        if isinstance(a, _OP_TYPES): return target_name(a)
+        if t is slice: return f"slice({get_repr(a.start)}, {get_repr(a.stop)}, {get_repr(a.step)})"
+        raise _NotEmitted
+    def call_args(args: tuple, kwargs: dict) -> str:
+        return ", ".join([get_repr(a) for a in args] + [f"{k} = {get_repr(v)}" for k, v in kwargs.items()])
+    last_uses: dict[Node, list[Node]] = {}   # node -> the values whose last use it is (FX frees them after it)
+    seen: set[Node] = set()
+    for node in reversed(nodes):
+        for i in node._input_nodes:
+            if i not in seen: seen.add(i); last_uses.setdefault(node, []).append(i)
+    free_vars, lines, line_nodes = [], [], []   # each line of the body and the index of the node it comes from
+    for idx, node in enumerate(nodes):
+        op, name, args = node.op, node.name, node._args
+        if node.type is not None: raise _NotEmitted   # a type annotation: FX adds globals for it
+        if op == "placeholder":
+            free_vars.append(node.target + ("" if not args else f" = {get_repr(args[0])}"))
+            if node.target.replace("*", "") != name: lines.append(f"{name} = {node.target.replace('*', '')}"); line_nodes.append(idx)
+            continue
+        if op == "output":
+            lines.append(cg._call_method_with_signature_check(cg.generate_output, args[0], descs=None, repr_fn=get_repr))
+            line_nodes.append(idx)
+            continue
+        if op == "call_function" and getattr(node.target, "__module__", "") == "_operator":
+            if node.target.__name__ not in magic_methods: raise _NotEmitted
+            line = f"{name} = {magic_methods[node.target.__name__].format(*[get_repr(a) for a in args])}"
+        elif op == "call_function":
+            if node.meta.get("is_wrapped", False): raise _NotEmitted
+            line = f"{name} = {target_name(node.target)}({call_args(args, node._kwargs)})"
+        elif op == "get_attr": line = f"{name} = {_format_target(root_module, node.target)}"
+        elif op == "call_module": line = f"{name} = {_format_target(root_module, node.target)}({call_args(args, node._kwargs)})"
+        elif op == "call_method":
+            line = f"{name} = {_format_target(get_repr(args[0]), node.target)}({call_args(args[1:], node._kwargs)})"
+        else: raise _NotEmitted
+        dead = last_uses.get(node, [])
+        if not node.users: dead = [*dead, node]   # an unused result is freed at once
+        lines.append(f"{line};  {' = '.join([d.name for d in dead])} = None" if dead else line)
+        line_nodes.append(idx)
+    lines.append(""); line_nodes.append(len(nodes) - 1)   # the empty line after the body's last newline
+    for hint, obj in cg.additional_globals(): add_global(hint, obj)
+    prologue = cg._call_method_with_signature_check(cg.gen_fn_def, free_vars, "", expanded_def=False)
+    body = "\n    ".join(lines)
+    if body.count("\n") != len(lines) - 1 or not lines[0]: raise _NotEmitted   # a line break inside a line
+    first = prologue.count("\n") + 1
+    return PythonCode(f"\n\n\n{prologue}\n    {body}", globals_, _lineno_map=dict(zip(range(first, first + len(lines)), line_nodes)),
+                      _prologue_start=4)
+
+def python_code(graph: Graph, root_module: str = "self") -> PythonCode:
+    "`graph.python_code(root_module)`: the same source, globals and line map; FX's own call for a graph `_emit` does not handle."
+    if FAST:
+        try: return _emit(graph, root_module)
+        except _NotEmitted: pass
+    return graph.python_code(root_module=root_module)
+
+def recompile(gm: GraphModule) -> None:
+    "`gm.recompile()`, with a plain module's source from `python_code` (a lazy module only marks itself, as FX does)."
+    if (not FAST or isinstance(gm, _LazyGraphModule) or type(gm).recompile is not GraphModule.recompile
+            or torch.fx.experimental._config.enrich_profiler_metadata):
+        return gm.recompile()
+    graph, code = gm.graph, python_code(gm.graph)
+    graph.python_code = lambda root_module, record_func=False: code   # this graph, for the one call below
+    try: gm.recompile()
+    finally: del graph.python_code
 
 # %% ../nbs/90_fastfx.ipynb #f379c6fe
 FAST = fast_path_enabled()

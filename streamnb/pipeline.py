@@ -13,7 +13,7 @@ from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .cost import DeviceSpec
 from .dealloc import sync_deallocations
-from .fastfx import paused_gc
+from .fastfx import paused_gc, recompile
 from .metadata import populate_fw_metadata_with_stream_indices
 from .syncs import insert_backward_syncs
 
@@ -36,5 +36,5 @@ def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: A
         populate_fw_metadata_with_stream_indices(gm, fw_metadata, upstream=upstream)
     if dce:   # what graph_capture.py does next; removes only unused getitems and already-dead nodes
         gm.graph.eliminate_dead_code()
-        gm.recompile()
+        recompile(gm)
     return gm

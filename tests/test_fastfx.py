@@ -4,9 +4,14 @@ import gc
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.fx import GraphModule
 
 import graphgen
 from streamnb import fastfx
+from streamnb.capturing import capture
+from streamnb.examples import MODELS, make_model
 from streamnb.graph import StreamRegistry, canonical, use_registry
 from streamnb.pipeline import run_stream_passes
 
@@ -75,3 +80,57 @@ def test_split_name_is_fx_name_regex():
         m = _name_regex.match(c) if re.fullmatch(r"[0-9a-zA-Z_]*", c) else None   # else: FX's create_name, which
         want = None if m is None else (m.group(1), None if m.group(2) is None else int(m.group(2)))   # replaces first
         assert fastfx._split_name(c) == want, c
+
+
+def _same_code(a, b):
+    return (a.src, a.globals, a._lineno_map, a._prologue_start) == (b.src, b.globals, b._lineno_map, b._prologue_start)
+
+
+def _emitted_is_fx(gm):
+    "streamnb's emitter handles `gm`'s graph itself (no fallback) and writes what FX writes."
+    return _same_code(fastfx._emit(gm.graph, "self"), gm.graph.python_code(root_module="self"))
+
+
+@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
+@settings(max_examples=60, deadline=None)
+@given(graphgen.graphs(), st.booleans())
+def test_python_code_is_fx_on_generated_graphs(gm, upstream):
+    assert _emitted_is_fx(gm)
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(gm, upstream=upstream)
+    assert _emitted_is_fx(gm)
+
+
+@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
+@pytest.mark.parametrize("seed", range(3))
+def test_python_code_is_fx_on_random_dags(seed):
+    gm = graphgen.random_dag_graph(seed, n_ops=300)
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(gm)
+    assert _emitted_is_fx(gm)
+
+
+@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", MODELS)
+def test_python_code_is_fx_on_real_models(name):
+    "AOTAutograd's joint graph (pytree CodeGen), processed, and its forward and backward after partitioning."
+    model, inputs = make_model(name)
+    cap = capture(model, *inputs)
+    done = cap.process()
+    for gm in (cap.joint, done.joint, done.forward, done.backward):
+        assert _emitted_is_fx(gm)
+
+
+def test_recompile_is_gm_recompile_and_leaves_the_graph_alone(monkeypatch):
+    gm = graphgen.random_backward_graph(3, n_nodes=40)
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(gm)   # the wrap pass ends with fastfx.recompile
+    code = gm.code
+    gm.recompile()
+    assert gm.code == code and "python_code" not in vars(gm.graph)
+    def broken(self): raise RuntimeError("recompile failed")
+    monkeypatch.setattr(GraphModule, "recompile", broken)
+    with pytest.raises(RuntimeError, match="recompile failed"):
+        fastfx.recompile(gm)
+    assert "python_code" not in vars(gm.graph)   # the graph's own python_code again, also on error
