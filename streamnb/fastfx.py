@@ -18,8 +18,8 @@ import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx._lazy_graph_module import _LazyGraphModule
 import torch.fx.experimental._config
-from torch.fx.graph import (CodeGen, PythonCode, _custom_builtins, _format_target, _illegal_names, _is_from_torch,
-                            _is_magic, _Namespace, _PyTreeCodeGen, magic_methods)
+from torch.fx.graph import (CodeGen, PythonCode, _custom_builtins, _format_target, _illegal_char_regex, _illegal_names,
+                            _is_from_torch, _is_magic, _name_regex, _Namespace, _PyTreeCodeGen, magic_methods)
 from torch.fx.node import _get_qualified_name
 from torch.fx.immutable_collections import immutable_dict
 
@@ -48,7 +48,7 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
-_TARGET_NAMES: dict[Any, str] = {}   # op -> the name FX derives from it (one entry per op, not per node)
+_TARGET_NAMES: dict[Any, str] = {}   # op -> the legal name FX derives from it (one entry per op, not per node)
 
 def _split_name(candidate: str) -> tuple[str, int | None] | None:
     """What FX's `_name_regex` makes of `candidate` (base, trailing number or None), without its backtracking; None
@@ -56,6 +56,12 @@ def _split_name(candidate: str) -> tuple[str, int | None] | None:
     if not (candidate.isascii() and candidate.isidentifier()): return None   # i.e. not [a-zA-Z_][0-9a-zA-Z_]*
     head, sep, tail = candidate.rpartition("_")
     return (head, int(tail)) if sep and head and tail.isdigit() else (candidate, None)
+
+def _legal(candidate: str) -> str:
+    "What FX's `create_name` makes of `candidate` before it splits it (an op's `record_event.default`: `record_event_default`)."
+    if _name_regex.match(candidate) is not None: return candidate
+    candidate = _illegal_char_regex.sub("_", candidate) or "_unnamed"
+    return f"_{candidate}" if candidate[0].isdigit() else candidate
 
 def _unique_name(ns: _Namespace, candidate: str) -> str:
     "`ns.create_name(candidate, None)`: torch 2.13's steps, in the same order, with the name split without a regex."
@@ -84,7 +90,7 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
         # upper-case letters only): the subgraphs' `arg_0`, `dep_0`, `output` and the `subgraph_...` attributes
         name = target if target == target.lower() and not _is_magic(target) else graph._target_to_str(target)
     elif name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per op
-        name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, graph._target_to_str(target))
+        name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, _legal(graph._target_to_str(target)))
     name = _unique_name(ns, name)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)
     owner = graph.owning_module

@@ -37,7 +37,8 @@ def get_stream(node: Node) -> int | None:
     custom = node.meta.get("custom", None)
     if custom is None: return None
     ind = custom.get("stream", None)
-    if ind is not None and (isinstance(ind, bool) or not isinstance(ind, int)):
+    if ind is None or type(ind) is int: return ind
+    if isinstance(ind, bool) or not isinstance(ind, int):
         raise StreamAnnotationError(f"node {node.name}: stream annotation {ind!r} is not an int")
     return ind
 
