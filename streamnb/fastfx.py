@@ -48,7 +48,7 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
-_TARGET_NAMES: dict[Any, str] = {}   # op -> the legal name FX derives from it (one entry per op, not per node)
+_TARGET_NAMES: dict[Any, tuple] = {}   # op -> the legal name FX derives from it and its split (one entry per op)
 
 def _split_name(candidate: str) -> tuple[str, int | None] | None:
     """What FX's `_name_regex` makes of `candidate` (base, trailing number or None), without its backtracking; None
@@ -63,9 +63,9 @@ def _legal(candidate: str) -> str:
     candidate = _illegal_char_regex.sub("_", candidate) or "_unnamed"
     return f"_{candidate}" if candidate[0].isdigit() else candidate
 
-def _unique_name(ns: _Namespace, candidate: str) -> str:
-    "`ns.create_name(candidate, None)`: torch 2.13's steps, in the same order, with the name split without a regex."
-    parts = _split_name(candidate)
+def _unique_name(ns: _Namespace, candidate: str, parts: tuple[str, int | None] | None) -> str:
+    """`ns.create_name(candidate, None)`: torch 2.13's steps, in the same order, with the name split without a regex
+    (`parts` is `_split_name(candidate)`, which the caller may have kept)."""
     if parts is None: return ns.create_name(candidate, None)   # characters to replace: FX's own way
     (base, num), used = parts, ns._used_names
     if num is None or candidate in used:
@@ -85,13 +85,19 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
     if not FAST: return graph.create_node(op, target, args, kwargs, name)
     ns = graph._graph_namespace
-    if name is None and isinstance(target, str):   # an attribute's or input's own name: not kept
-        # `_target_to_str` of a lower-case name that is not `__magic__` is the name itself (its snake case changes
-        # upper-case letters only): the subgraphs' `arg_0`, `dep_0`, `output` and the `subgraph_...` attributes
-        name = target if target == target.lower() and not _is_magic(target) else graph._target_to_str(target)
-    elif name is None:   # `Graph._target_to_str` is a pure function of the target: computed once per op
-        name = _TARGET_NAMES.get(target) or _TARGET_NAMES.setdefault(target, _legal(graph._target_to_str(target)))
-    name = _unique_name(ns, name)
+    if name is None and not isinstance(target, str):   # `Graph._target_to_str` is a pure function of the op: once per op
+        entry = _TARGET_NAMES.get(target)
+        if entry is None:
+            legal = _legal(graph._target_to_str(target))
+            entry = _TARGET_NAMES[target] = (legal, _split_name(legal))
+        name, parts = entry
+    else:
+        if name is None:   # an attribute's or input's own name: not kept
+            # `_target_to_str` of a lower-case name that is not `__magic__` is the name itself (its snake case changes
+            # upper-case letters only): the subgraphs' `arg_0`, `dep_0`, `output` and the `subgraph_...` attributes
+            name = target if target == target.lower() and not _is_magic(target) else graph._target_to_str(target)
+        parts = _split_name(name)
+    name = _unique_name(ns, name, parts)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)
     owner = graph.owning_module
     if owner is not None and getattr(owner, "_create_node_hooks", None) is not None:
