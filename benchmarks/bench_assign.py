@@ -1,4 +1,4 @@
-"""Stream assignment (issue 13): the table of chapter 21 and the time to assign a 20,000-node graph.
+"""Stream assignment (issue 13): the table of chapter 21b and the time to assign a 20,000-node graph.
 
     python benchmarks/bench_assign.py [--nodes 20000] [--side-streams 2] [--device H100] [--skip-table]
 
@@ -18,8 +18,9 @@ import time
 import tracemalloc
 import warnings
 
-from streamnb.choosing import (NIMBLE_MAX, STRATEGIES, assign_streams, compute_dag, format_table, judge, max_matching,
-                               min_chain_cover, reachability, table_graphs, transitive_reduction, without_syncs)
+from streamnb.choosing import STRATEGIES, assign_streams, format_table, judge, table_graphs, without_syncs
+from streamnb.strategies import (NIMBLE_MAX, compute_dag, max_matching, min_chain_cover, reachability,
+                                 transitive_reduction)
 from streamnb.examples import backward_like
 from streamnb.graph import StreamRegistry, use_registry
 

@@ -11,6 +11,29 @@ the course's exercises in `streamnb.exercises`.
 """
 __version__ = "0.1.0"
 
+TESTED_TORCH = ("2.13",)   # torch releases (major.minor) on which the passes are checked equal to torch's own
+
+
+def _check_torch():
+    """ImportError if torch lacks the internals streamnb imports (torch < 2.13); a `UserWarning` on a torch release
+    outside `TESTED_TORCH`: streamnb then runs on FX's public path, but its passes are not checked against that torch's."""
+    import importlib.util, warnings
+    import torch
+    def missing(name):
+        try: return importlib.util.find_spec(name) is None
+        except ImportError: return True   # a parent package is missing too
+    needed = ("torch._dynamo.variables.streams",                 # registers the torch.ops.streams.* operators
+              "torch._inductor.fx_passes.control_dependencies")  # the control_deps higher-order op
+    absent = [m for m in needed if missing(m)]
+    if absent: raise ImportError(f"streamnb needs torch>=2.13: torch {torch.__version__} has no {', '.join(absent)}")
+    if ".".join(torch.__version__.split("+")[0].split(".")[:2]) not in TESTED_TORCH:
+        warnings.warn(f"streamnb: torch {torch.__version__} is not a release streamnb was checked on "
+                      f"({', '.join(TESTED_TORCH)}): FX's public path is used (no fast path), and the passes' "
+                      f"equality with torch's own is checked on those releases only", UserWarning, stacklevel=2)
+
+
+_check_torch()
+
 from .graph import (IndexedDict, GraphBuilder, StreamRegistry, StreamnbError, StreamAnnotationError, MissingValError,
                     UnknownEventError, AlreadyProcessedWarning, get_stream, set_stream, is_bwd_node, is_gradient_acc,
                     get_registry, use_registry, canonical, describe)

@@ -12,7 +12,7 @@ from .graph import (aten, begin_pass, correction, flat_args, get_stream, get_str
                             set_stream)
 
 # %% auto #0
-__all__ = ['acc_stream', 'assign_backward_streams', 'assign_epilogue_copy_streams']
+__all__ = ['acc_stream', 'assign_backward_streams', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams']
 
 # %% ../nbs/10_backward_streams.ipynb #cff3b996
 def acc_stream(node: Node) -> int | None:
@@ -45,6 +45,7 @@ def _joins(op: StreamOp, stream: int, recorded_on: dict) -> bool:
     if op.kind in ("wait_event", "synchronize_event"): return recorded_on.get(op.event) == stream
     return op.kind == "synchronize_stream" and op.stream == stream or op.kind == "synchronize_device"
 
+# %% ../nbs/10_backward_streams.ipynb #f697cc86
 def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
     "The first sync between `copy`'s source and `copy` that joins `copy`'s stream, if any."
     src, stream, recorded_on, after_src = copy.args[1], get_stream(copy), {}, False
@@ -57,21 +58,30 @@ def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
     return None
 
 # %% ../nbs/10_backward_streams.ipynb #974e0427
-@correction(13, "10_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's join "
-            "of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch #197416)",
-            "the copy moves before the first join after its source (unless a node in between reads the input)")
-def _write_back_before_join(gm: GraphModule, copy: Node) -> None:
-    "Move `copy` before the first join of its stream after its source, where nothing in between reads its destination."
-    join = _first_join_after_source(gm, copy)
-    if join is None or any(join < u < copy for u in copy.args[0].users): return
-    join.prepend(copy)
+class SeedEpilogue:
+    "The seed's placement of an epilogue copy; `CorrectedEpilogue` overrides what the corrections change."
+    def place(self, gm: GraphModule, copy: Node) -> None:
+        "Place `copy`, once it has its stream: the seed leaves it where it is."
 
 # %% ../nbs/10_backward_streams.ipynb #a5361c0f
+class CorrectedEpilogue(SeedEpilogue):
+    "streamnb's default placement of an epilogue copy (the number is the corrections registry's)."
+    @correction(13, "10_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's "
+                "join of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch "
+                "#197416)", "the copy moves before the first join after its source (unless a node in between reads the input)")
+    def place(self, gm: GraphModule, copy: Node) -> None:
+        "Move `copy` before the first join of its stream after its source, where nothing in between reads its destination."
+        join = _first_join_after_source(gm, copy)
+        if join is None or any(join < u < copy for u in copy.args[0].users): return
+        join.prepend(copy)
+
+# %% ../nbs/10_backward_streams.ipynb #605bc25e
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
+    p = SeedEpilogue() if upstream else CorrectedEpilogue()
     if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=_epilogue_val_readers(gm)): return
     reserve_indices_in_use(gm)   # a fresh current-stream index must not be one the graph uses
     for epi_copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))
-        if not upstream: _write_back_before_join(gm, epi_copy)
+        p.place(gm, epi_copy)

@@ -19,16 +19,15 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .graph import (PIPELINE_ORDER, StreamnbError, StreamAnnotationError, StreamRegistry, use_registry,
-                            get_stream, is_bwd_node, is_control_deps)
-from .metadata import populate_fw_metadata_with_stream_indices
+from .graph import (StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream, is_bwd_node,
+                            is_control_deps)
+from .pipeline import STREAM_PASSES, run_stream_passes
 from .streamops import decode
 
 # %% auto #0
-__all__ = ['TORCH_STREAM_PASSES', 'PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError',
-           'AnnotationError', 'EagerRunError', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs',
-           'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture',
-           'eager']
+__all__ = ['PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError', 'EagerRunError',
+           'on_device', 'graph_streams', 'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition',
+           'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -48,8 +47,6 @@ class EagerRunError(CaptureError):
     "`frontend=\"dynamo\"` runs the program eagerly once, and that run cannot happen on this machine."
 
 # %% ../nbs/16_capture.ipynb #eaf286a3
-TORCH_STREAM_PASSES = (*PIPELINE_ORDER, populate_fw_metadata_with_stream_indices.__name__)
-
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
 
@@ -73,7 +70,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
     def backend(gm, example_inputs):                      # dynamo: which of our tensors each graph input is
         got["order"] = [next(j for j, t in enumerate(flat_args) if t is x) for x in example_inputs]
         return aot_autograd(fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
-    with mock.patch.multiple(GC, **{n: skip(n) for n in TORCH_STREAM_PASSES}):
+    with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
         try:
             if frontend == "aot":
                 aot_function(flat_fn, fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(*flat_args)
@@ -300,9 +297,8 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
 # %% ../nbs/16_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,
              **pipeline_kwargs) -> Capture:
-    "Run the stream passes on a copy of the joint graph, as AOTAutograd does, then partition it; a new Capture."
-    try: from streamnb.pipeline import run_stream_passes
-    except ImportError as e: raise CaptureError("streamnb.pipeline is not available: " + str(e)) from e
+    """Run the stream passes on a copy of the joint graph, as AOTAutograd does, then partition it; a new Capture.
+    `pipeline_kwargs` go to `run_stream_passes` (e.g. `device`, `mechanism`, or chapter 21's extra step, `after`)."""
     if self.processed is not None: raise CaptureError("this capture is already processed; call process on the original")
     if partitioner not in PARTITIONERS: raise CaptureError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
     joint = copy.deepcopy(self.joint)

@@ -18,7 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import reserve_indices_in_use
-from .capturing import TORCH_STREAM_PASSES, run_graph
+from .pipeline import STREAM_PASSES, run_pass
+from .capturing import run_graph
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
@@ -29,15 +30,17 @@ class UnsupportedTorchError(StreamnbError):
     "This torch's AOTAutograd does not call the stream passes where and as torch 2.13 does: `use_streamnb_passes` refuses."
 
 CALL_SITES = "torch._functorch._aot_autograd.graph_capture"
-TORCH_CALLS = {   # function of graph_capture -> the stream-pass calls it makes, in this order (torch 2.13)
-    "aot_dispatch_base_graph": ("assign_epilogue_copy_streams(fw_module)",
-                                "wrap_all_sync_nodes_with_control_deps(fw_module)",
-                                "populate_fw_metadata_with_stream_indices(fw_module, fw_metadata)"),
-    "aot_dispatch_autograd_graph": ("assign_backward_streams(fx_g)", "assign_epilogue_copy_streams(fx_g)",
-                                    "insert_backward_syncs(fx_g)", "sync_deallocations(fx_g)",
-                                    "wrap_all_sync_nodes_with_control_deps(fx_g)",
-                                    "populate_fw_metadata_with_stream_indices(fx_g, fw_metadata)"),
-}
+_FORWARD_ONLY = ("assign_epilogue_copy_streams", "wrap_all_sync_nodes_with_control_deps",
+                 "populate_fw_metadata_with_stream_indices")   # the passes a graph without backward gets
+
+def _calls(graph: str, names) -> tuple[str, ...]:
+    "The calls of those `STREAM_PASSES` in `names`, in the table's order, on graph_capture's variable `graph`."
+    extra = lambda n: ", fw_metadata" if n == "populate_fw_metadata_with_stream_indices" else ""
+    return tuple(f"{n}({graph}{extra(n)})" for n in STREAM_PASSES if n in names)
+
+# function of graph_capture -> the stream-pass calls it makes, in this order (torch 2.13)
+TORCH_CALLS = {"aot_dispatch_base_graph": _calls("fw_module", _FORWARD_ONLY),
+               "aot_dispatch_autograd_graph": _calls("fx_g", STREAM_PASSES)}
 
 def check_call_sites(module=None):
     "AOTAutograd's `graph_capture` module (or `module`) if it calls the six passes as torch 2.13 does; else `UnsupportedTorchError`."
@@ -52,7 +55,7 @@ def check_call_sites(module=None):
         pos = [src.find(re.sub(r"\s+", "", c)) for c in calls]
         if -1 in pos: raise UnsupportedTorchError(f"{where}: {CALL_SITES}.{fn} does not call {calls[pos.index(-1)]}; {known}")
         if pos != sorted(pos): raise UnsupportedTorchError(f"{where}: {CALL_SITES}.{fn} calls the stream passes in another order; {known}")
-    missing = [n for n in TORCH_STREAM_PASSES if not callable(getattr(gc, n, None))]
+    missing = [n for n in STREAM_PASSES if not callable(getattr(gc, n, None))]
     if missing: raise UnsupportedTorchError(f"{where}: {CALL_SITES} has no {missing[0]}; {known}")
     return gc
 
@@ -132,19 +135,13 @@ class use_streamnb_passes(contextlib.ContextDecorator):
         self._saved: list[dict] = []
 
     def _run(self, name: str, gm: GraphModule, *args):
-        from streamnb import assign, syncs, dealloc, control_deps, metadata
         k = next((i for i, g in enumerate(self.graphs) if g is gm), None)
         if k is None:                                 # the first pass on this graph
             self.graphs.append(gm); self.registries.append(DynamoRegistry(pin_current=not self.upstream))
             k = len(self.graphs) - 1
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as):
-            if name == "sync_deallocations":
-                return dealloc.sync_deallocations(gm, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
-            mod = {"assign_backward_streams": assign, "assign_epilogue_copy_streams": assign, "insert_backward_syncs": syncs,
-                   "wrap_all_sync_nodes_with_control_deps": control_deps,
-                   "populate_fw_metadata_with_stream_indices": metadata}[name]
-            return getattr(mod, name)(gm, *args, upstream=self.upstream)
+            run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
 
     def _pass(self, name: str) -> Callable:
         def streamnb_pass(gm, *args): return self._run(name, gm, *args)
@@ -154,8 +151,8 @@ class use_streamnb_passes(contextlib.ContextDecorator):
     def __enter__(self):
         gc = check_call_sites()                       # refuses before anything is patched
         if not self._saved: self.graphs, self.registries = [], []
-        self._saved.append({n: getattr(gc, n) for n in TORCH_STREAM_PASSES})
-        for n in TORCH_STREAM_PASSES: setattr(gc, n, self._pass(n))
+        self._saved.append({n: getattr(gc, n) for n in STREAM_PASSES})
+        for n in STREAM_PASSES: setattr(gc, n, self._pass(n))
         return self
 
     def __exit__(self, *exc):

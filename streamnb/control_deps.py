@@ -27,6 +27,7 @@ __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorde
 class HoistError(StreamnbError, ValueError):
     "A node cannot be moved above another: it depends on it through data edges."
 
+# %% ../nbs/13_control_deps.ipynb #9195746f
 def hoist_above(gm: GraphModule, node: Node | str, anchor: Node | str) -> None:
     """Move `node`, with the nodes after `anchor` that it reads (directly or not), right before `anchor`: a legal order
     of the data edges, as a scheduler may choose it. `HoistError` (before any change) if `node` depends on `anchor`."""
@@ -57,7 +58,7 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
                                  or (output is not None and output.reads(dep, visited))]
     subgraph_module = fastfx.create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
     subgraph_attr_name = fastfx.subgraph_name(gm, sync_node.name)
-    fastfx.set_submodule(gm, subgraph_attr_name, subgraph_module)
+    setattr(gm, subgraph_attr_name, subgraph_module)
     with graph.inserting_before(sync_node):
         get_subgraph = fastfx.create_node(graph, "get_attr", subgraph_attr_name)
         control_deps_node = fastfx.call_function(
@@ -88,11 +89,11 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
 class EmptyGraphError(StreamnbError, RuntimeError):
     "The graph has no nodes (the seed raises `RuntimeError('Expected a non-empty graph')`)."
 
+# %% ../nbs/13_control_deps.ipynb #3e57f291
 def check_events_recorded(gm: GraphModule) -> None:
     "Raise `UnknownEventError` naming the first `wait_event` whose event no earlier `record_event` of `gm` records."
     recorded = set()
-    for n in gm.graph.nodes:
-        if n.op != "call_function": continue
+    for n in gm.graph.nodes:   # (only call_function nodes have an op as target)
         if n.target is streams.record_event.default: recorded.add(n.args[0])
         elif n.target is streams.wait_event.default and n.args[0] not in recorded:
             raise UnknownEventError(
@@ -104,10 +105,12 @@ def _is_forward_value(n: Node) -> bool:
     "Is `n` a forward value of a joint graph? (In the partitioned backward it is an input.)"
     return n.meta.get("partitioner_tag") == "is_forward"
 
+# %% ../nbs/13_control_deps.ipynb #28f9e474
 def _on(stream: int | None, target: int) -> bool:
     "Does a node annotated `stream` run on stream `target`? Unannotated nodes run on the current stream."
     return stream == target or (stream is None and get_registry().is_current_stream(target))
 
+# %% ../nbs/13_control_deps.ipynb #b44432fd
 def _depends_on_any(node: Node, targets: set[Node], visited: set[Node]) -> bool:
     "Does `node` (after the sync) read a node of `targets`, directly or through nodes that are after the sync too?"
     stack, seen = [node], {node}
@@ -117,10 +120,12 @@ def _depends_on_any(node: Node, targets: set[Node], visited: set[Node]) -> bool:
             if i not in visited and i not in seen: seen.add(i); stack.append(i)
     return False
 
+# %% ../nbs/13_control_deps.ipynb #5c76a15f
 def _is_consumer(n: Node, waiting: int) -> bool:
     "A compute node that runs on stream `waiting`."
     return n.op == "call_function" and n.target not in OPS and "val" in n.meta and _on(get_stream(n), waiting)
 
+# %% ../nbs/13_control_deps.ipynb #daff502d
 def _read_across_later(v: Node, visited: set[Node]) -> bool:
     "Has `v` a compute user after the walk's position on another stream than its own?"
     return any(u not in visited and u.op == "call_function" and u.target not in OPS and "val" in u.meta
@@ -173,13 +178,13 @@ def _deallocs_by_record(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
     "Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again)."
     last_record: dict[int, Node] = {}
     deallocs: dict[Node, list[Node]] = {}
-    for n in graph.nodes:
-        if n.op != "call_function": continue
+    for n in graph.nodes:   # (only call_function nodes have an op as target)
         if n.target is streams.record_event.default: last_record[n.args[0]] = n
         elif n.target is streams.sync_dealloc.default and n.args[0] in last_record:
             deallocs.setdefault(last_record[n.args[0]], []).append(n)
     return deallocs
 
+# %% ../nbs/13_control_deps.ipynb #e383cc52
 def _dealloc_tensors(deallocs: list[Node]) -> list[Node]:
     "The tensors (as they are read now: maybe a getitem of an earlier sync) that `deallocs` free."
     return [d.args[2] for d in deallocs if isinstance(d.args[2], Node)]
@@ -382,6 +387,7 @@ def _event_sync(w: _Walk, node: Node) -> None:
 _PASS = "wrap_all_sync_nodes_with_control_deps"
 _BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
 
+# %% ../nbs/13_control_deps.ipynb #caed4d06
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False, strict: bool = False) -> None:
     """Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge.
     `strict=True` (default mode) refuses a `wait_event` on an event that no earlier node of `gm` records."""
@@ -402,7 +408,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                 elif node.target in rules.ops: _event_sync(w, node)
                 elif "val" in node.meta: rules.add(w, node)
             node = next_node
-    if w.found_sync: fastfx.recompile(gm)
+    if w.found_sync: gm.recompile()
 
 # %% ../nbs/13_control_deps.ipynb #a6b74611
 def wrap_by_hand(gm: GraphModule, deps: dict[str, list[str]]) -> GraphModule:

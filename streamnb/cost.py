@@ -19,7 +19,8 @@ from torch.utils.flop_counter import flop_registry
 from .graph import StreamnbError, correction, flat_args, get_val, is_control_deps
 
 # %% auto #0
-__all__ = ['DEVICE_SPECS', 'DeviceSpec', 'get_device_spec', 'is_free_op', 'val_nodes', 'get_roofline_estimate']
+__all__ = ['DEVICE_SPECS', 'DeviceSpec', 'get_device_spec', 'is_free_op', 'val_nodes', 'SeedCost', 'CorrectedCost',
+           'get_roofline_estimate']
 
 # %% ../nbs/03_cost.ipynb #5d20c548
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,7 @@ class DeviceSpec:
         if dtype not in table: raise StreamnbError(f"device {self.name}: no peak TFLOP/s for dtype {dtype}")
         return table[dtype]
 
+# %% ../nbs/03_cost.ipynb #3521de91
 DEVICE_SPECS: dict[str, DeviceSpec] = {s.name: s for s in [
     DeviceSpec("H100", bf16_tflops=989.4, fp16_tflops=989.4, tf32_tflops=494.7, fp32_tflops=66.9, fp64_tflops=66.9,
                hbm_gbps=3350.0, source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5; tensor figures there are with sparsity, halved here)"),
@@ -50,6 +52,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {s.name: s for s in [
                hbm_gbps=2039.0, source="https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM 80GB; dense figures)"),
 ]}
 
+# %% ../nbs/03_cost.ipynb #4603067f
 def get_device_spec(device: str | DeviceSpec) -> DeviceSpec:
     "The `DeviceSpec` named `device` (or `device` itself if it is one)."
     if isinstance(device, DeviceSpec): return device
@@ -65,6 +68,7 @@ def _seed_transfer_ns(flat_args_kwargs, flat_outs, spec: DeviceSpec) -> float:
     write_bytes = sum(get_num_bytes(t) for t in flat_outs if isinstance(t, torch.Tensor))
     return (read_bytes + write_bytes) / spec.hbm_gbps
 
+# %% ../nbs/03_cost.ipynb #ad7dbf2e
 def _seed_compute_ns(func_packet, args, kwargs, out, out_dtypes, spec: DeviceSpec, tf32: bool) -> float:
     # torch.utils._runtime_estimation.get_compute_time + flops_to_ns, with get_device_tflops -> the spec
     if func_packet in flop_registry:
@@ -78,6 +82,7 @@ def _seed_compute_ns(func_packet, args, kwargs, out, out_dtypes, spec: DeviceSpe
         return (macs / (0.75 * peak_gpu_flops)) * 1e9
     return 0.0
 
+# %% ../nbs/03_cost.ipynb #d0d0f608
 def _seed_roofline_estimate(node: Node, spec: DeviceSpec, tf32: bool = False) -> float:
     "The seed's `get_roofline_estimate`: reads `meta['value']`, looks the raw target up in packet-keyed tables."
     if node.op != "call_function":
@@ -102,11 +107,13 @@ def _packet(target: Any) -> Any:
     "The `OpOverloadPacket` of an aten `OpOverload`; any other target unchanged."
     return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
 
+# %% ../nbs/03_cost.ipynb #23adb9a5
 def is_free_op(node: Node) -> bool:
     "True for nodes the estimate counts as free: views, tensor creation, getitem, stream ops, control_deps."
     return (_packet(node.target) in _IGNORE_OPS or node.target is operator.getitem
             or getattr(node.target, "namespace", None) == "streams" or is_control_deps(node))
 
+# %% ../nbs/03_cost.ipynb #c1c23e8c
 def val_nodes(node: Node) -> list[Node]:
     "The nodes whose `meta['val']` the default estimate of `node` reads (none for free ops)."
     if node.op != "call_function" or is_free_op(node): return []
@@ -115,9 +122,7 @@ def val_nodes(node: Node) -> list[Node]:
 def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
-@correction(3, "03_cost", "every roofline estimate is 0 in real graphs (it reads `meta['value']`, and looks overloads up in "
-            "tables keyed by packets), so `sync_dealloc` stalls the allocating stream",
-            "estimates from `meta['val']` and the op's packet, against a datasheet table")
+# %% ../nbs/03_cost.ipynb #9df13989
 def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
     if node.op != "call_function":
         raise StreamnbError(f"node {node.name}: only call_function nodes have a cost, not {node.op}")
@@ -137,15 +142,34 @@ def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> fl
     return max(compute_ms, transfer_ms)
 
 # %% ../nbs/03_cost.ipynb #dd3f3849
+class SeedCost:
+    "The seed's roofline estimate; `CorrectedCost` overrides what the corrections change."
+    def check(self, efficiency: float) -> None:
+        "Refuse an `efficiency` the seed cannot use: it always uses 75% of peak."
+        if efficiency != 0.75:
+            raise StreamnbError("upstream=True uses the seed's fixed 75% of peak; leave efficiency at 0.75")
+    def estimate(self, node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
+        "The run time of `node` in ms: the seed's, from `meta['value']` (0.0 in real pipelines)."
+        return _seed_roofline_estimate(node, spec, tf32)
+
+# %% ../nbs/03_cost.ipynb #87be2a07
+class CorrectedCost(SeedCost):
+    "streamnb's default estimate (the number is the corrections registry's)."
+    def check(self, efficiency: float) -> None:
+        if not 0 < efficiency <= 1: raise StreamnbError(f"efficiency must be in (0, 1], got {efficiency}")
+    @correction(3, "03_cost", "every roofline estimate is 0 in real graphs (it reads `meta['value']`, and looks overloads "
+                "up in tables keyed by packets), so `sync_dealloc` stalls the allocating stream",
+                "estimates from `meta['val']` and the op's packet, against a datasheet table")
+    def estimate(self, node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
+        return _estimate(node, spec, efficiency, tf32)
+
+# %% ../nbs/03_cost.ipynb #13486924
 def get_roofline_estimate(node: Node, *, upstream: bool = False, device: str | DeviceSpec = "H100",
                           efficiency: float = 0.75, tf32: bool = False) -> float:
     """Estimated run time of `node` in ms on `device`.
     `upstream=True`: the seed's estimate (reads `meta['value']`; 0.0 in real pipelines); it always uses 75% of peak.
     Default: FLOPs from `flop_registry` by the op's packet, bytes from `meta['val']`, `efficiency` × dense peak."""
+    p = SeedCost() if upstream else CorrectedCost()
     spec = get_device_spec(device)
-    if upstream:
-        if efficiency != 0.75:
-            raise StreamnbError("upstream=True uses the seed's fixed 75% of peak; leave efficiency at 0.75")
-        return _seed_roofline_estimate(node, spec, tf32)
-    if not 0 < efficiency <= 1: raise StreamnbError(f"efficiency must be in (0, 1], got {efficiency}")
-    return _estimate(node, spec, efficiency, tf32)
+    p.check(efficiency)
+    return p.estimate(node, spec, efficiency, tf32)

@@ -10,7 +10,7 @@ import math
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -18,15 +18,13 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate
 
 from .graph import (StreamnbError, UnknownEventError, StreamRegistry, get_registry, get_stream,
-                            is_control_deps, use_registry)
-from .examples import matmul_chains, missing_wait_graph, side_stream_last_use
+                            is_control_deps)
 from .simulator import Timeline
 from .streamops import current_stream_key, decode, physical_stream
 
 # %% auto #0
-__all__ = ['FakeBackend', 'CudaBackend', 'StreamInterpreter', 'default_backend', 'run', 'measure', 'TimelineComparison',
-           'compare_timelines', 'processed', 'overlap_demo', 'race_demo', 'memory_demo', 'run_capture',
-           'measure_capture']
+__all__ = ['FakeBackend', 'CudaBackend', 'StreamInterpreter', 'run', 'measure', 'TimelineComparison', 'compare_timelines',
+           'run_capture', 'measure_capture']
 
 # %% ../nbs/19_cuda.ipynb #336d7804
 class FakeBackend:
@@ -86,9 +84,11 @@ class _RunState:
     t0: Any = None
     start: Any = None                           # an event recorded on the current stream when the run starts
 
+# %% ../nbs/19_cuda.ipynb #6cdf60d9
 def _remap_device(x, device: torch.device):
     return device if isinstance(x, torch.device) else x
 
+# %% ../nbs/19_cuda.ipynb #a904fe8c
 class StreamInterpreter(torch.fx.Interpreter):
     "Run a processed graph with a backend's streams and events; `timing=True` marks each compute node."
     def __init__(self, gm: GraphModule, backend, *, registry: StreamRegistry | None = None,
@@ -189,16 +189,17 @@ class StreamInterpreter(torch.fx.Interpreter):
         return out
 
 # %% ../nbs/19_cuda.ipynb #9565e6ac
-def default_backend(device=None):
+def _default_backend(device=None):
     "A `CudaBackend`, or a clear error on a machine without CUDA."
     if not torch.cuda.is_available():
         raise StreamnbError("CUDA is not available: pass backend=FakeBackend() to run the dispatch on the CPU")
     return CudaBackend(device)
 
+# %% ../nbs/19_cuda.ipynb #a67e07e8
 def run(gm: GraphModule, *args, backend=None, registry: StreamRegistry | None = None,
         device: torch.device | str | None = None, single_stream: bool = False):
     "Run processed graph `gm` on `backend`'s streams (CUDA by default) and return its outputs."
-    backend = backend if backend is not None else default_backend(device)
+    backend = backend if backend is not None else _default_backend(device)
     return StreamInterpreter(gm, backend, registry=registry, device=device, single_stream=single_stream).run(*args)
 
 # %% ../nbs/19_cuda.ipynb #c1eea3c6
@@ -210,6 +211,7 @@ def _timeline(spans: dict, registry: StreamRegistry, peak_memory: int = 0, name:
                     peak_memory=peak_memory, streams=sorted(busy), current_stream=current_stream_key(registry),
                     name=name)
 
+# %% ../nbs/19_cuda.ipynb #d8d6c666
 def _input_bytes(args) -> int:
     "Bytes of the distinct storages among the tensor inputs (the simulator counts inputs as resident from t=0)."
     seen = {}
@@ -217,13 +219,14 @@ def _input_bytes(args) -> int:
         if isinstance(a, torch.Tensor): seen[a.untyped_storage().data_ptr()] = a.untyped_storage().nbytes()
     return sum(seen.values())
 
+# %% ../nbs/19_cuda.ipynb #443f58ad
 def measure(gm: GraphModule, *args, backend=None, registry: StreamRegistry | None = None,
             device: torch.device | str | None = None, single_stream: bool = False, warmup: int = 1,
             name: str = "measured"):
     """Run `gm` (after `warmup` untimed runs) with a start/end mark per compute node: `(outputs, Timeline)`.
     On CUDA, `peak_memory` is `torch.cuda.max_memory_allocated` during the timed run, less what was allocated before
     it, plus the inputs (as the simulator counts them)."""
-    backend = backend if backend is not None else default_backend(device)
+    backend = backend if backend is not None else _default_backend(device)
     reg = registry if registry is not None else get_registry()
     kw = dict(registry=reg, device=device, single_stream=single_stream)
     for _ in range(warmup): run(gm, *args, backend=backend, **kw)
@@ -256,9 +259,11 @@ class TimelineComparison:
         "The `k` nodes the estimate is most off for, in ms (a view's 100% error on nothing matters little): `(name, relative, ms)`."
         return [(n, self.nodes[n], d) for n, d in sorted(self.diff_ms.items(), key=lambda t: -abs(t[1]))[:k]]
 
+# %% ../nbs/19_cuda.ipynb #a8a89141
 def _rel(est: float, meas: float) -> float:
     return (est - meas) / meas if meas > 0 else math.nan
 
+# %% ../nbs/19_cuda.ipynb #d4eb5817
 def compare_timelines(measured, estimated) -> TimelineComparison:
     "Per-node and makespan relative errors of `estimated` against `measured` (both `Timeline`s)."
     m, e = measured.spans, estimated.spans
@@ -268,90 +273,13 @@ def compare_timelines(measured, estimated) -> TimelineComparison:
                               _rel(estimated.makespan, measured.makespan),
                               [n for n in m if n not in e], [n for n in e if n not in m])
 
-# %% ../nbs/19_cuda.ipynb #7bcc71ad
-def processed(make: Callable[[], GraphModule], *, upstream: bool = False, mechanism: str = "sync_dealloc",
-               device_spec: str = "H100") -> tuple[GraphModule, StreamRegistry]:
-    "A demo graph after the pass pipeline, under a fresh registry whose current stream is index 0."
-    from streamnb.pipeline import run_stream_passes
-    gm, reg = make(), StreamRegistry(start=100, current_stream=0)
-    with use_registry(reg): run_stream_passes(gm, upstream=upstream, mechanism=mechanism, device=device_spec)
-    return gm, reg
-
-def _randn(*shape, device, seed: int, scale: float = 1.0) -> torch.Tensor:
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(device)
-
-def _is_cuda(device) -> bool: return torch.device(device).type == "cuda"
-
-def _sync(device):
-    if _is_cuda(device): torch.cuda.synchronize(device)
-
-def overlap_demo(n: int = 1024, length: int = 16, device="cuda", warmup: int = 2, backend=None) -> dict:
-    "`matmul_chains` on one stream and on two: both measured Timelines, the speed-up, and whether the outputs agree."
-    x, y = _randn(n, n, device=device, seed=0), _randn(n, n, device=device, seed=1)
-    w = _randn(n, n, device=device, seed=2, scale=n ** -0.5)
-    reg = StreamRegistry(start=100, current_stream=0)
-    (one_out, one), (two_out, two) = [
-        measure(matmul_chains(n, length, two_streams=t), x, y, w, backend=backend, registry=reg, device=device,
-                warmup=warmup, name=f"{'two streams' if t else 'one stream'} (measured)") for t in (False, True)]
-    same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(one_out, two_out))
-    return dict(one=one, two=two, speedup=one.makespan / two.makespan, same_outputs=same)
-
-def race_demo(n: int = 4096, length: int = 8, device="cuda", trials: int = 3, device_spec: str = "H100",
-              backend=None) -> dict:
-    """Defect 1 on the GPU: `missing_wait_graph` after the seed's passes and after the corrected ones, `trials` runs
-    each (new inputs every time, so stale memory never holds the right answer by chance). For every run, the largest
-    error of `c0` and `c2` against a single-stream run of the same graph."""
-    graphs = {up: processed(lambda: missing_wait_graph(n, length), upstream=up, device_spec=device_spec)
-              for up in (True, False)}
-    w = _randn(n, n, device=device, seed=1, scale=n ** -0.5)
-    errors = {True: [], False: []}
-    for t in range(trials):
-        x = _randn(n, n, device=device, seed=100 + t)
-        gm, reg = graphs[False]
-        ref = run(gm, x, w, backend=backend, registry=reg, device=device, single_stream=True)
-        _sync(device)
-        for up, (gm, reg) in graphs.items():
-            out = run(gm, x, w, backend=backend, registry=reg, device=device)
-            _sync(device)
-            errors[up].append(tuple((o - r).abs().max().item() for o, r in zip(out, ref)))
-            del out
-    return dict(upstream=errors[True], corrected=errors[False], graphs=graphs)
-
-def memory_demo(n: int = 4096, length: int = 8, device="cuda", device_spec: str = "H100", backend=None) -> list[dict]:
-    """`side_stream_last_use` under three deallocation schemes: `record_stream`; `sync_dealloc` placed by the corrected
-    estimate; `sync_dealloc` placed by the seed's (all-zero) estimate. For each: peak allocated and reserved bytes
-    above what was there before (CUDA only; 0 elsewhere), the measured makespan, and the largest error against a
-    single-stream run."""
-    x, w = _randn(n, n, device=device, seed=0), _randn(n, n, device=device, seed=1, scale=n ** -0.5)
-    cuda, rows = _is_cuda(device), []
-    for mechanism, upstream in (("record_stream", False), ("sync_dealloc", False), ("sync_dealloc", True)):
-        gm, reg = processed(lambda: side_stream_last_use(n, length), upstream=upstream, mechanism=mechanism,
-                            device_spec=device_spec)
-        kw = dict(backend=backend, registry=reg, device=device)
-        ref = run(gm, x, w, single_stream=True, **kw)
-        run(gm, x, w, **kw)                                  # warm-up: cuBLAS handles and workspaces per stream
-        _sync(device)
-        if cuda:
-            torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
-            base_alloc, base_res = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-        out = run(gm, x, w, **kw)
-        _sync(device)
-        peak_alloc = torch.cuda.max_memory_allocated(device) - base_alloc if cuda else 0
-        peak_res = torch.cuda.max_memory_reserved(device) - base_res if cuda else 0
-        err = max((o - r).abs().max().item() for o, r in zip(out, ref))
-        del out
-        _, tl = measure(gm, x, w, warmup=0, name=f"{mechanism}{' (seed estimate)' if upstream else ''}", **kw)
-        rows.append(dict(mechanism=mechanism, upstream=upstream, peak_allocated=peak_alloc, peak_reserved=peak_res,
-                         makespan_ms=tl.makespan, max_error=err, timeline=tl))
-    return rows
-
 # %% ../nbs/19_cuda.ipynb #a70eef8f
 def _capture_device(backend, device):
     if device is not None: return torch.device(device)
     if backend is None or isinstance(backend, CudaBackend): return getattr(backend, "device", torch.device("cuda"))
     return torch.device("cpu")
 
+# %% ../nbs/19_cuda.ipynb #3ab2b263
 def _check_no_cpu_kernels(capture):
     "A graph traced with CPU inputs can hold CPU-only kernels (SDPA picks `_scaled_dot_product_flash_attention_for_cpu`)."
     for gm in (capture.forward, capture.backward):
@@ -361,15 +289,17 @@ def _check_no_cpu_kernels(capture):
                                     "inputs); capture it under torch.nn.attention.sdpa_kernel(SDPBackend.MATH), or "
                                     "with inputs on the device it will run on")
 
+# %% ../nbs/19_cuda.ipynb #e5d1247c
 def _has_syncs(gm: GraphModule) -> bool:
     return any(decode(n, gm) is not None for n in gm.graph.nodes)
 
+# %% ../nbs/19_cuda.ipynb #5250cac7
 def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines: dict | None, warmup: int,
                    forward_streams: bool):
     "`capture.run` with `executor=`: each graph run by this module's `run` (or `measure`) on `device`."
     device = _capture_device(backend, device)
     if device.type != "cpu": _check_no_cpu_kernels(capture)
-    backend = backend if backend is not None else default_backend(device)
+    backend = backend if backend is not None else _default_backend(device)
     reg = StreamRegistry(start=100, current_stream=capture.current_stream)
     def executor(gm: GraphModule, *args) -> list:
         args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
@@ -384,11 +314,13 @@ def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines:
     cpu_inputs = [x.detach().cpu() for x in inputs]   # Capture.run checks for CPU inputs; the executor moves them
     return capture.run(*cpu_inputs, grad_outputs=grad_outputs, executor=executor)
 
+# %% ../nbs/19_cuda.ipynb #1ae09c0f
 def run_capture(capture, *inputs, device=None, backend=None, grad_outputs=None, forward_streams: bool = False):
     "`capture.run(*inputs)` (outputs, grads, parameter grads) with both graphs on `device`'s streams (CUDA by default)."
     return _with_executor(capture, inputs, backend=backend, device=device, grad_outputs=grad_outputs,
                           timelines=None, warmup=0, forward_streams=forward_streams)
 
+# %% ../nbs/19_cuda.ipynb #cecca55f
 def measure_capture(capture, *inputs, device=None, backend=None, grad_outputs=None, warmup: int = 1,
                     forward_streams: bool = False):
     "`run_capture`, measuring each graph: `(RunResult, {'forward': Timeline, 'backward': Timeline})`."

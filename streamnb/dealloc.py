@@ -18,13 +18,71 @@ from .streamops import OPS, reserve_indices_in_use
 from .syncs import insert_record_event_after_node
 
 # %% auto #0
-__all__ = ['MECHANISMS', 'populate_stream_timeline', 'handle_synced_deallocation', 'sync_deallocations']
+__all__ = ['MECHANISMS', 'SeedDealloc', 'CorrectedDealloc', 'populate_stream_timeline', 'handle_synced_deallocation',
+           'sync_deallocations']
 
 # %% ../nbs/12_dealloc.ipynb #c6987743
 streams = torch.ops.streams
 
 # %% ../nbs/12_dealloc.ipynb #6f5c8f40
 MECHANISMS = ("sync_dealloc", "record_stream")   # how a tensor freed off its stream is protected
+
+# %% ../nbs/12_dealloc.ipynb #5753519a
+class SeedDealloc:
+    "The seed's decisions in the dealloc pass, one method each; `CorrectedDealloc` overrides those the corrections change."
+    def __init__(self, mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100"):
+        if mechanism not in MECHANISMS: raise StreamnbError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        self.mechanism, self.device = mechanism, device
+    def estimate(self, node: Node) -> float:
+        "Step 1: a node's estimated run time (ms): the seed's roofline, 0 in real graphs (chapter 03)."
+        return get_roofline_estimate(node, upstream=True, device=self.device)
+    def on_timeline(self, node: Node) -> bool:
+        "Step 1: is this backward node a place on its stream's timeline? Every one, the syncs other passes inserted too."
+        return True
+    def timelines(self, graph: Graph) -> dict:
+        "Step 1: the timelines the pass starts with: none, each is built when the pass first needs it."
+        return {}
+    def record_stream(self, graph: Graph, node: Node, last_usage: Node) -> bool:
+        "Step 3: insert `record_stream` right after `node`; True: the `sync_dealloc` follows all the same."
+        with graph.inserting_after(node):
+            graph.call_function(streams.record_stream.default, (node, get_stream_or_current_stream(last_usage)), {})
+        return True
+    def wait_stream(self, node: Node, alloc_ptr: Node) -> int:
+        "Step 3: the stream whose `sync_dealloc` frees `node`: asked of `alloc_ptr`, the node it waits after."
+        return get_stream_or_current_stream(alloc_ptr)
+    def last_uses(self, node: Node) -> list[Node]:
+        "Step 4: the reads to protect `node` from: its last user, if that is on another stream and not the output."
+        if not node.users: return []
+        last_user = max(node.users)
+        return [] if last_user.op == "output" or get_stream(node) == get_stream(last_user) else [last_user]
+    def need_val(self, gm: GraphModule) -> set[Node]:
+        "Step 5: the nodes whose `meta['val']` is checked before any change: none, so the seed crashes as it does."
+        return set()
+
+# %% ../nbs/12_dealloc.ipynb #c9fdc550
+class CorrectedDealloc(SeedDealloc):
+    "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
+    def estimate(self, node: Node) -> float: return get_roofline_estimate(node, device=self.device)   # 3
+    def on_timeline(self, node: Node) -> bool: return "val" in node.meta    # inserted syncs are no place to wait
+    def timelines(self, graph: Graph) -> dict: return _all_stream_timelines(self, graph)
+    @correction(4, "12_dealloc", "without CUDA inserts `record_stream` *and* `sync_dealloc`",
+                "one mechanism, chosen explicitly (`mechanism=`)")
+    def record_stream(self, graph: Graph, node: Node, last_usage: Node) -> bool:
+        _insert_record_stream(graph, node, get_stream_or_current_stream(last_usage))
+        return False
+    @correction(5, "12_dealloc", "reads the wait's stream from the node it waits after, which may be an inserted sync "
+                "without `meta['val']`: `KeyError: 'val'`", "the wait's stream comes from the allocating node")
+    def wait_stream(self, node: Node, alloc_ptr: Node) -> int: return get_stream_or_current_stream(node)
+    @correction(2, "12_dealloc", "protects a freed tensor only from the stream of its last user",
+                "every side stream's last use")
+    def last_uses(self, node: Node) -> list[Node]:   # (stream ops allocate nothing)
+        return [] if node.target in OPS else _last_use_per_side_stream(node)
+    def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a backward node reads
+        return {v for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) for v in val_nodes(n)}
+
+# %% ../nbs/12_dealloc.ipynb #a8bc9ecb
+def _policy(upstream: bool, mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100") -> SeedDealloc:
+    return (SeedDealloc if upstream else CorrectedDealloc)(mechanism, device)
 
 # %% ../nbs/12_dealloc.ipynb #30e2e3b4
 class _Timeline(IndexedDict):
@@ -41,40 +99,49 @@ class _Timeline(IndexedDict):
         super().__setitem__(node, t)
 
 # %% ../nbs/12_dealloc.ipynb #7fe6ede5
-def populate_stream_timeline(stream_to_timeline: dict[int | None, IndexedDict[Node, float]], graph: Graph,
-                             stream_index: int | None, *, upstream: bool = False,
-                             device: str | DeviceSpec = "H100") -> IndexedDict[Node, float]:
-    "The estimated finish time (ms) of each backward node on `stream_index`, built once and cached."
+def _populate(p: SeedDealloc, stream_to_timeline: dict, graph: Graph, stream_index: int | None) -> _Timeline:
+    "The seed's `populate_stream_timeline`, asking `p` what goes on the timeline and what it costs."
     if stream_index not in stream_to_timeline:
         stream_to_timeline[stream_index] = _Timeline()
         total_time = 0.0
         for node in graph.nodes:
             if (node.op == "call_function" and is_bwd_node(node) and get_stream(node) == stream_index
-                    and (upstream or "val" in node.meta)):   # default: inserted sync nodes are not places to wait
-                total_time += get_roofline_estimate(node, upstream=upstream, device=device)
+                    and p.on_timeline(node)):
+                total_time += p.estimate(node)
                 stream_to_timeline[stream_index][node] = total_time   # the node's own time is included
     return stream_to_timeline[stream_index]
 
+# %% ../nbs/12_dealloc.ipynb #ea2cfc4c
+def populate_stream_timeline(stream_to_timeline: dict[int | None, IndexedDict[Node, float]], graph: Graph,
+                             stream_index: int | None, *, upstream: bool = False,
+                             device: str | DeviceSpec = "H100") -> IndexedDict[Node, float]:
+    "The estimated finish time (ms) of each backward node on `stream_index`, built once and cached."
+    return _populate(_policy(upstream, device=device), stream_to_timeline, graph, stream_index)
+
 # %% ../nbs/12_dealloc.ipynb #b7f15836
-def _all_stream_timelines(graph: Graph, device) -> dict[int | None, _Timeline]:
-    "`populate_stream_timeline` for every stream in one walk (default mode only)."
+def _all_stream_timelines(p: SeedDealloc, graph: Graph) -> dict[int | None, _Timeline]:
+    "`_populate` for every stream in one walk."
     timelines: dict = {}; total: dict = {}
     for node in graph.nodes:
-        if node.op == "call_function" and is_bwd_node(node) and "val" in node.meta:
+        if node.op == "call_function" and is_bwd_node(node) and p.on_timeline(node):
             s = get_stream(node)
-            total[s] = total.get(s, 0.0) + get_roofline_estimate(node, device=device)
+            total[s] = total.get(s, 0.0) + p.estimate(node)
             timelines.setdefault(s, _Timeline())[node] = total[s]
     return timelines
 
 # %% ../nbs/12_dealloc.ipynb #078c90ea
+def _bisect_alloc_ptr(trace: _Timeline, node: Node, target_side_stream_time: float) -> Node:
+    "`_find_alloc_ptr` on a `_Timeline` whose times never decrease, by binary search."
+    # "finishes at or after" is False...False True...True along the timeline: bisect on the test itself (a NaN
+    # target stays False, as in the walk)
+    i = bisect.bisect_left(trace.times, True, lo=trace.pos[node], key=lambda t: t >= target_side_stream_time)
+    return trace.nodes[min(i, len(trace.nodes) - 1)]
+
+# %% ../nbs/12_dealloc.ipynb #f25097e1
 def _find_alloc_ptr(allocating_stream_trace: IndexedDict, node: Node, target_side_stream_time: float) -> Node:
     "The first node of the allocating stream, from `node` on, that finishes at or after the target time (else its last)."
-    trace = allocating_stream_trace
-    if isinstance(trace, _Timeline) and trace.sorted:
-        # "finishes at or after" is False...False True...True along the timeline: bisect on the test itself (a NaN
-        # target stays False, as in the walk)
-        i = bisect.bisect_left(trace.times, True, lo=trace.pos[node], key=lambda t: t >= target_side_stream_time)
-        return trace.nodes[min(i, len(trace.nodes) - 1)]
+    if isinstance(allocating_stream_trace, _Timeline) and allocating_stream_trace.sorted:
+        return _bisect_alloc_ptr(allocating_stream_trace, node, target_side_stream_time)
     alloc_ptr = node   # any other IndexedDict: the seed's walk
     while alloc_ptr is not None:
         if allocating_stream_trace[alloc_ptr] >= target_side_stream_time: break
@@ -84,113 +151,62 @@ def _find_alloc_ptr(allocating_stream_trace: IndexedDict, node: Node, target_sid
     return alloc_ptr
 
 # %% ../nbs/12_dealloc.ipynb #c6e4d4b9
-@correction(5, "12_dealloc", "reads the wait's stream from the node it waits after, which may be an inserted sync without "
-            "`meta['val']`: `KeyError: 'val'`", "the wait's stream comes from the allocating node")
-def _wait_stream_of(node: Node) -> Node:
-    "The node whose stream the `sync_dealloc` waits on: `node` itself, on the allocating stream by construction."
-    return node
-
-def _insert_dealloc_wait(graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node, *,
-                         upstream: bool, device: str | DeviceSpec) -> Node:
-    "Record an event after `last_usage`; wait for it on `node`'s stream where that stream has caught up."
-    allocating_stream_trace = populate_stream_timeline(stream_to_exec_trace, graph, get_stream(node),
-                                                       upstream=upstream, device=device)
-    side_stream_trace = populate_stream_timeline(stream_to_exec_trace, graph, get_stream(last_usage),
-                                                 upstream=upstream, device=device)
-    alloc_ptr = _find_alloc_ptr(allocating_stream_trace, node, side_stream_trace[last_usage])
-    wait_event = new_event()
-    record_node = insert_record_event_after_node(graph, last_usage, wait_event)
-    wait_stream = get_stream_or_current_stream(alloc_ptr if upstream else _wait_stream_of(node))
-    with graph.inserting_after(max(alloc_ptr, record_node)):
-        return fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, wait_stream, node))
-
-# %% ../nbs/12_dealloc.ipynb #39b49cbc
-@correction(4, "12_dealloc", "without CUDA inserts `record_stream` *and* `sync_dealloc`",
-            "one mechanism, chosen explicitly (`mechanism=`)")
 def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
     "Insert `record_stream(node, stream_ind)` after `node` and after the record_streams already there for it."
-    anchor = node   # (the seed inserts right after `node`: it never has more than one per node)
+    anchor = node
     while (anchor.next.op == "call_function" and anchor.next.target is streams.record_stream.default
            and anchor.next.args[0] is node):
         anchor = anchor.next
     with graph.inserting_after(anchor):
         return graph.call_function(streams.record_stream.default, (node, stream_ind), {})
 
-def _seed_record_stream(graph: Graph, node: Node, last_usage: Node) -> None:
-    "The seed's `record_stream`: right after `node` (and the seed goes on to insert the `sync_dealloc` as well)."
-    with graph.inserting_after(node):
-        graph.call_function(streams.record_stream.default, (node, get_stream_or_current_stream(last_usage)), {})
-
-# %% ../nbs/12_dealloc.ipynb #4a117196
-def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | None, IndexedDict[Node, float]],
-                               node: Node, last_usage: Node, *, upstream: bool = False,
-                               mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100") -> None:
-    "Keep `node`'s memory from being reused before `last_usage` (on another stream) is done with it."
+# %% ../nbs/12_dealloc.ipynb #9029a377
+def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node) -> None:
+    "The seed's `handle_synced_deallocation`, asking `p` at each decision."
     if not is_bwd_node(node) or not is_bwd_node(last_usage):
         raise AssertionError("synced allocations should only be handled on backward nodes")
     if get_stream(node) == get_stream(last_usage):
         raise AssertionError("allocating and side stream should be different for synced deallocations")
-    if mechanism == "record_stream":    # the seed: `if not torch.cuda.is_available()`
-        if not upstream:
-            _insert_record_stream(graph, node, get_stream_or_current_stream(last_usage))
-            node.meta["partitioner_tag"] = "must_be_in_backward"
-            return
-        _seed_record_stream(graph, node, last_usage)
-        node.meta["partitioner_tag"] = "must_be_in_backward"   # ... and on to the sync_dealloc (correction 4)
-    _insert_dealloc_wait(graph, stream_to_exec_trace, node, last_usage, upstream=upstream, device=device)
+    if p.mechanism == "record_stream":   # the seed: `if not torch.cuda.is_available()`
+        go_on = p.record_stream(graph, node, last_usage)
+        node.meta["partitioner_tag"] = "must_be_in_backward"
+        if not go_on: return
+    allocating_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(node))
+    side_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(last_usage))
+    alloc_ptr = _find_alloc_ptr(allocating_stream_trace, node, side_stream_trace[last_usage])
+    wait_event = new_event()
+    record_node = insert_record_event_after_node(graph, last_usage, wait_event)
+    with graph.inserting_after(max(alloc_ptr, record_node)):
+        fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(node, alloc_ptr), node))
     node.meta["partitioner_tag"] = "must_be_in_backward"
 
+# %% ../nbs/12_dealloc.ipynb #3d14b6a4
+def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | None, IndexedDict[Node, float]],
+                               node: Node, last_usage: Node, *, upstream: bool = False,
+                               mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100") -> None:
+    "Keep `node`'s memory from being reused before `last_usage` (on another stream) is done with it."
+    _handle(_policy(upstream, mechanism, device), graph, stream_to_exec_trace, node, last_usage)
+
 # %% ../nbs/12_dealloc.ipynb #11fd5b15
-@correction(2, "12_dealloc", "protects a freed tensor only from the stream of its last user",
-            "every side stream's last use")
-def _side_stream_last_uses(node: Node) -> list[Node] | None:
-    "The last use of `node` on each stream other than its own, in graph order; None if the output uses it."
+def _last_use_per_side_stream(node: Node) -> list[Node]:
+    "The last use of `node` on each stream other than its own, in graph order; none if the output uses it."
     last: dict = {}
     for user in node.users:
-        if user.op == "output": return None
+        if user.op == "output": return []
         if user.op != "call_function" or user.target in OPS or not is_bwd_node(user): continue
         s = get_stream(user)
         if s not in last or user > last[s]: last[s] = user
     return sorted(u for s, u in last.items() if s != get_stream(node))
 
-def _seed_last_use(node: Node) -> Node | None:
-    "The seed's choice: the last user in graph order, if it is on another stream and not the output."
-    if not node.users: return None
-    last_user = max(node.users)
-    if last_user.op == "output" or get_stream(node) == get_stream(last_user): return None
-    return last_user
-
 # %% ../nbs/12_dealloc.ipynb #8cd594f4
-def _check_mechanism(mechanism: str) -> None:
-    if mechanism not in MECHANISMS:
-        raise StreamnbError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
-
-def _needs_val(gm: GraphModule) -> set[Node]:
-    "Nodes whose `meta['val']` the default pass reads: everything a backward node's estimate reads."
-    return {v for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) for v in val_nodes(n)}
-
-def _seed_sync_deallocations(gm: GraphModule, mechanism: str, device) -> None:
-    stream_to_exec_trace: dict = {}
-    for node in gm.graph.nodes:   # the live graph, as the seed walks it
-        if node.op == "call_function" and is_bwd_node(node) and (last_user := _seed_last_use(node)) is not None:
-            handle_synced_deallocation(gm.graph, stream_to_exec_trace, node, last_user,
-                                       upstream=True, mechanism=mechanism, device=device)
-
-def _default_sync_deallocations(gm: GraphModule, mechanism: str, device) -> None:
-    stream_to_exec_trace = _all_stream_timelines(gm.graph, device)
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not is_bwd_node(node) or node.target in OPS: continue
-        for last_usage in _side_stream_last_uses(node) or []:
-            handle_synced_deallocation(gm.graph, stream_to_exec_trace, node, last_usage,
-                                       mechanism=mechanism, device=device)
-
-# %% ../nbs/12_dealloc.ipynb #59af9c5b
 def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: str = "sync_dealloc",
                        device: str | DeviceSpec = "H100") -> None:
     "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
-    _check_mechanism(mechanism)
-    if not begin_pass(gm, "sync_deallocations", need_val=() if upstream else _needs_val(gm)): return
+    p = _policy(upstream, mechanism, device)
+    if not begin_pass(gm, "sync_deallocations", need_val=p.need_val(gm)): return
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
-    if upstream: _seed_sync_deallocations(gm, mechanism, device)
-    else: _default_sync_deallocations(gm, mechanism, device)
-    # No gm.recompile(), as in the seed: the wrap pass that follows recompiles once for the whole pipeline.
+    stream_to_exec_trace = p.timelines(gm.graph)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and is_bwd_node(node):
+            for last_usage in p.last_uses(node):
+                _handle(p, gm.graph, stream_to_exec_trace, node, last_usage)

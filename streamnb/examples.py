@@ -14,7 +14,7 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, aten, streams
 
 # %% auto #0
-__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise_solution', 'dealloc_exercise', 'two_consumers', 'two_consumers_solution', 'control_deps_exercise', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
+__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'five_nodes']
 
 # %% ../nbs/09_examples.ipynb #ddd0705e
 def running_example(tokens: int = 2048, d: int = 1024, hidden: int = 2048, device: str = "meta",
@@ -181,176 +181,12 @@ def backward_like(n_nodes: int, n_streams: int = 3) -> GraphModule:
         ev += 2
     return b.output(grad)
 
-# %% ../nbs/10_backward_streams.ipynb #7d347ab5
-def acc_exercise_graph() -> GraphModule:
-    "Chapter 10's exercise graph: `acc` sums `neg` (stream 1) and `sin` (stream 2) and has no stream yet."
+# %% ../nbs/21_strategies.ipynb #b3822645
+def five_nodes() -> GraphModule:
+    "Chapter 21's hand-made DAG: `a` and `b` feed `c`, which feeds `d` and `e`; `a` also feeds `e`. No streams."
     b = GraphBuilder()
-    t = b.input("tangents_1")
-    main = b.op(aten.exp.default, t, stream=0)
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=2)
-    acc = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc")
-    mm = b.op(aten.mm.default, acc, t, stream=2)
-    return b.output(main, mm, g1)
-
-def acc_exercise():
-    "Chapter 10's exercise: choose `acc`'s stream; the worked solution is `assign_backward_streams`, then the syncs."
-    from streamnb.assign import assign_backward_streams
-    from streamnb.exercises import Exercise
-    from streamnb.simulator import us
-    from streamnb.syncs import insert_backward_syncs
-    def solution(gm):
-        assign_backward_streams(gm)
-        insert_backward_syncs(gm)
-        return gm
-    return Exercise(title="stream of a gradient accumulation",
-                    task="Give `acc` a stream (`set_stream(node(gm, 'acc'), s)`), then insert the syncs with "
-                         "`insert_backward_syncs(gm)`: race-free, with the fewest syncs and the shortest makespan.",
-                    start=acc_exercise_graph, solution=solution,
-                    cost={k: us(v) for k, v in {"exp": 4, "neg": 1, "sin": 1, "acc": 1, "mm": 3}.items()})
-
-# %% ../nbs/11_syncs.ipynb #74d932e8
-def sync_exercise_graph() -> GraphModule:
-    "Chapter 11's exercise graph: `neg` (stream 1) read by `mul` on stream 0 and by `sin` and `cos` on stream 2."
-    b = GraphBuilder()
-    g = b.input("tangents_1")
-    p = b.op(aten.neg.default, g, stream=1)
-    c0 = b.op(aten.mul.Tensor, p, g, stream=0)
-    c2 = b.op(aten.sin.default, p, stream=2)
-    c3 = b.op(aten.cos.default, p, stream=2)
-    return b.output(p, c0, c2, c3)
-
-def sync_exercise():
-    "Chapter 11's exercise: make `sync_exercise_graph` race-free by hand; the worked solution is `insert_backward_syncs`."
-    from streamnb.exercises import Exercise
-    from streamnb.simulator import us
-    from streamnb.syncs import insert_backward_syncs
-    return Exercise(title="fewest syncs", start=sync_exercise_graph, solution=lambda gm: insert_backward_syncs(gm),
-                    task="Make the graph race-free with the fewest syncs: insert_record_event_after_node(gm.graph, "
-                         "node(gm, 'neg'), event) and insert_wait_event_before_node(gm.graph, node(gm, ...), event).",
-                    cost={k: us(v) for k, v in {"neg": 2, "mul": 1, "sin": 1, "cos": 1}.items()})
-
-# %% ../nbs/12_dealloc.ipynb #3b1f77da
-def long_side_read(n=2048, dtype=torch.bfloat16, n_adds=5) -> GraphModule:
-    "`mul` on stream 0, read by the long `mm` on stream 1; stream 0 goes on with `n_adds` adds."
-    b = GraphBuilder(dtype=dtype, shape=(n, n))
-    g = b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, g, stream=0)
-    mm = b.op(aten.mm.default, mul, g, stream=1)
-    a = g
-    for _ in range(n_adds): a = b.op(aten.add.Tensor, a, 1.0, stream=0)
-    return b.output(mm, a)
-
-# %% ../nbs/12_dealloc.ipynb #4b8d9c1f
-def dealloc_exercise_graph() -> GraphModule:
-    "Chapter 12's exercise graph: `long_side_read(n_adds=7)` after chapter 11's syncs and the seed's dealloc pass."
-    from streamnb.dealloc import sync_deallocations
-    from streamnb.graph import StreamRegistry, use_registry
-    from streamnb.syncs import insert_backward_syncs
-    gm = long_side_read(n_adds=7)
-    insert_backward_syncs(gm)
-    with use_registry(StreamRegistry(start=3)): sync_deallocations(gm, upstream=True)
-    return gm
-
-def dealloc_exercise_solution(gm: GraphModule) -> GraphModule:
-    "Wait after the first stream-0 kernel that ends once `mm` has ended, in a run where stream 0 never waits."
-    from streamnb.exercises import move
-    from streamnb.simulator import simulate
-    move(gm, "sync_dealloc_default", before="output")        # at the very end it cannot hold stream 0 back
-    tl = simulate(gm)
-    after = next(k for k, (s, _, end) in tl.spans.items() if s == 0 and end >= tl.spans["mm"][2])
-    move(gm, "sync_dealloc_default", after=after)
-    return gm
-
-def dealloc_exercise():
-    "Chapter 12's exercise: move the seed's `sync_dealloc_default` so that stream 0 never stalls, as early as possible."
-    from streamnb.exercises import Exercise
-    return Exercise(title="place the dealloc",
-                    task="move sync_dealloc_default so that memory is reused as early as possible without a stall",
-                    start=dealloc_exercise_graph, solution=dealloc_exercise_solution)
-
-# %% ../nbs/13_control_deps.ipynb #fb5d418c
-def two_consumers() -> GraphModule:
-    "Chapter 13's exercise graph: `p` (stream 1) read by `c0` (stream 0) and `c2` (stream 2); syncs in, unwrapped."
-    b = GraphBuilder(shape=(1024, 1024))
-    x, w = b.input("x"), b.input("w")
-    p = b.op(aten.mm.default, x, w, stream=1, name="p")
-    b.sync(streams.record_event.default, 1, 1)
-    b.sync(streams.wait_event.default, 1, 0)
-    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-    b.sync(streams.wait_event.default, 1, 2)
-    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-    return b.output(c0, c2, p)
-
-# %% ../nbs/13_control_deps.ipynb #6efcc197
-#| code-fold: true
-def two_consumers_solution(gm: GraphModule) -> GraphModule:
-    "Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait."
-    from streamnb.control_deps import wrap_by_hand
-    return wrap_by_hand(gm, {"record_event_default": ["p"],
-                             "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem
-                             "wait_event_default_1": ["record_event_default", "p"]})  # p: wait_event_default's getitem
-
-# %% ../nbs/13_control_deps.ipynb #daddaf4e
-def control_deps_exercise():
-    "Chapter 13's exercise: wrap the syncs of `two_consumers` so that no order of the data edges races."
-    from streamnb.exercises import Exercise
-    return Exercise(title="Pin both consumers",
-                    task="Wrap the record and both waits with `wrap_by_hand` so that no order of the data edges races.",
-                    start=two_consumers, solution=two_consumers_solution, reorder=True)
-
-# %% ../nbs/14_metadata.ipynb #e02c84ee
-def mutating_forward(b=None):
-    """Chapter 14's compiled forward, mutating two inputs: the builder `b`, the inputs `(primals_1, primals_2)` and the
-    outputs `(new primals_1, new primals_2, user output)`."""
-    b = b or GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    y = b.input("primals_2", tag="is_forward")
-    z = b.input("primals_3", tag="is_forward")
-    new_x = b.op(aten.mul.Tensor, x, x, stream=1, tag="is_forward")
-    new_y = b.op(aten.add.Tensor, y, y, tag="is_forward")
-    out = b.op(aten.sin.default, z, stream=2, tag="is_forward")
-    return b, (x, y), (new_x, new_y, out)
-
-def with_wrapper() -> GraphModule:
-    "The forward, then the runtime wrapper's write-backs `copy_(primals_i, new value)` on the current stream 0."
-    b, inputs, outs = mutating_forward()
-    copies = [b.op(aten.copy_.default, inp, new, stream=0, tag="is_forward") for inp, new in zip(inputs, outs)]
-    return b.output(*outs, *copies)
-
-WRAPPER_COST = {k: v / 1000 for k, v in {"mul": 3, "add": 1, "sin": 1, "copy_": 1, "copy__1": 1}.items()}   # µs, in ms
-
-# %% ../nbs/14_metadata.ipynb #f77e72f5
-def forward_gm() -> GraphModule:
-    "`mutating_forward` alone, as the compiled forward the metadata pass reads."
-    b, _, outs = mutating_forward()
-    return b.output(*outs)
-
-# %% ../nbs/14_metadata.ipynb #744fa2df
-def wrapper_exercise_solution(gm: GraphModule) -> GraphModule:
-    "`wrapper_exercise`'s worked solution: a wait before each copy whose new value the metadata puts on a side stream."
-    from types import SimpleNamespace
-    from streamnb.exercises import insert
-    from streamnb.metadata import populate_fw_metadata_with_stream_indices
-    meta = SimpleNamespace(num_mutated_inp_runtime_indices=2)
-    populate_fw_metadata_with_stream_indices(forward_gm(), meta)
-    for copy, s in zip(("copy_", "copy__1"), meta.mutated_inp_stream_indices):
-        if s is not None and s != 0: insert(gm, streams.wait_stream.default, 0, s, before=copy)
-    return gm
-
-def wrapper_exercise():
-    "Chapter 14's exercise: make the runtime wrapper's write-back copies (`with_wrapper`) wait for the right streams."
-    from streamnb.exercises import Exercise
-    return Exercise(title="the wrapper's write-back", start=with_wrapper, solution=wrapper_exercise_solution,
-                    cost=WRAPPER_COST,
-                    task="Make the write-back copies wait for the streams their new values come from, "
-                         "reading the streams from fw_metadata.mutated_inp_stream_indices.")
-
-# %% ../nbs/15_pipeline.ipynb #7c4ea18f
-def pipeline_exercise():
-    "Chapter 15's exercise: run the passes on `running_example()` in an order that leaves nothing to find."
-    from streamnb.exercises import Exercise
-    from streamnb.pipeline import run_stream_passes
-    return Exercise(title="the order of the passes",
-                    task="run the passes on running_example() so that the sanitizer, with reorder=True, finds nothing",
-                    start=running_example, solution=lambda gm: run_stream_passes(gm), reorder=True)
+    x = b.input("x")
+    a = b.op(aten.relu.default, x, name="a"); bb = b.op(aten.neg.default, x, name="b")
+    c = b.op(aten.add.Tensor, a, bb, name="c")
+    d = b.op(aten.relu.default, c, name="d"); e = b.op(aten.add.Tensor, c, a, name="e")
+    return b.output(d, e)

@@ -20,8 +20,8 @@ from .simulator import simulate
 from .sanitizer import Report, SanitizerError, _sname, sanitize
 
 # %% auto #0
-__all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'work_problems', 'explain', 'count_syncs', 'makespan_us', 'Grade',
-           'Exercise', 'check']
+__all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'work_problems', 'in_words', 'count_syncs', 'makespan_us',
+           'Grade', 'Exercise', 'check']
 
 # %% ../nbs/08_exercises.ipynb #48c7ad21
 def node(gm: GraphModule, name: str | Node) -> Node:
@@ -91,8 +91,8 @@ def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     return out
 
 # %% ../nbs/08_exercises.ipynb #a79361bb
-def explain(e: SanitizerError) -> str:
-    "One sentence for a sanitizer error: the nodes, the streams, what can go wrong."
+def in_words(e: SanitizerError) -> str:
+    "A sanitizer error in one sentence: the nodes, the streams, what can go wrong."
     (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
     if e.kind == "race":
         return (f"race on {e.tensor}: {a} ({_sname(sa)}) and {b} ({_sname(sb)}) may run at the same time; "
@@ -161,7 +161,7 @@ def _plural(k: int, word: str) -> str: return f"{k} {word}{'' if k == 1 else 's'
 def _sanitized(ex: Exercise, answer: GraphModule) -> tuple[list, Report | None]:
     try: rep = sanitize(answer, reorder=ex.reorder)
     except StreamnbError as e: return [f"the sanitizer cannot read the answer: {e}"], None
-    return [explain(e) for e in rep.errors], rep
+    return [in_words(e) for e in rep.errors], rep
 
 def _timed(gm: GraphModule, cost, problems: list) -> float:
     try: return makespan_us(gm, cost)

@@ -16,14 +16,14 @@ from torch.fx import GraphModule
 
 from .capturing import Capture, PartitionError, capture
 from .graph import StreamRegistry, use_registry
-from .streamops import decode
+from .exercises import count_syncs
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['ModeResult', 'count_syncs', 'Explanation', 'explain', 'show_explanation']
+__all__ = ['ModeResult', 'Explanation', 'explain', 'show_explanation']
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -40,12 +40,8 @@ class ModeResult:
 
     @property
     def syncs(self) -> int:
-        "Stream ops in the processed backward graph (a control_deps node counts as the sync it holds)."
+        "The syncs in the processed backward graph: its stream ops but `fork`/`join` (chapter 08's `count_syncs`)."
         return count_syncs(self.backward)
-
-def count_syncs(gm: GraphModule) -> int:
-    "How many nodes of `gm` are stream ops, wrapped in control_deps or bare."
-    return sum(1 for n in gm.graph.nodes if decode(n, gm) is not None)
 
 # %% ../nbs/17_explain.ipynb #6bf57384
 def _matches_eager(cap: Capture, inputs) -> bool:

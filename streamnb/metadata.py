@@ -19,6 +19,7 @@ __all__ = ['MissingOutputError', 'populate_fw_metadata_with_stream_indices']
 class MissingOutputError(StreamnbError, AssertionError):
     "The graph has no output node."
 
+# %% ../nbs/14_metadata.ipynb #35593dac
 def populate_fw_metadata_with_stream_indices(gm: GraphModule, fw_metadata: Any, *, upstream: bool = False) -> None:
     "Set `fw_metadata.mutated_inp_stream_indices` to the streams of the graph's first `num_mutated_inp_runtime_indices` outputs."
     # No known defect: both modes run the seed's rule.

@@ -5,36 +5,53 @@
 # %% ../nbs/15_pipeline.ipynb #b326e044
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Collection, Mapping
 
 from torch.fx import GraphModule
 
+from .graph import PIPELINE_ORDER, StreamnbError
 from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .cost import DeviceSpec
 from .dealloc import sync_deallocations
-from .fastfx import paused_gc, recompile
+from .fastfx import paused_gc
 from .metadata import populate_fw_metadata_with_stream_indices
 from .syncs import insert_backward_syncs
 
 # %% auto #0
-__all__ = ['run_stream_passes']
+__all__ = ['STREAM_PASSES', 'run_pass', 'run_stream_passes']
 
 # %% ../nbs/15_pipeline.ipynb #e00a7882
+_BY_NAME = {p.__name__: p for p in (assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs,
+                                    sync_deallocations, wrap_all_sync_nodes_with_control_deps,
+                                    populate_fw_metadata_with_stream_indices)}
+# pass name -> pass, in the order AOTAutograd calls them: graph.PIPELINE_ORDER's joint-graph passes, then the metadata
+STREAM_PASSES: dict[str, Callable] = {n: _BY_NAME[n] for n in (*PIPELINE_ORDER, "populate_fw_metadata_with_stream_indices")}
+
+# %% ../nbs/15_pipeline.ipynb #7e8c61df
+def run_pass(gm: GraphModule, name: str, *args, upstream: bool = False, mechanism: str = "sync_dealloc",
+             device: str | DeviceSpec = "H100") -> None:
+    "Run stream pass `name` (a key of `STREAM_PASSES`) on `gm`; `args`: what AOTAutograd passes after the graph (`fw_metadata`)."
+    if name not in STREAM_PASSES: raise StreamnbError(f"unknown stream pass {name!r}; one of {', '.join(STREAM_PASSES)}")
+    options = dict(mechanism=mechanism, device=device) if name == "sync_deallocations" else {}   # its machine choices
+    STREAM_PASSES[name](gm, *args, upstream=upstream, **options)
+
+# %% ../nbs/15_pipeline.ipynb #0a662839
 def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: Any = None,
-                      mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100",
-                      dce: bool = False) -> GraphModule:
-    "Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`."
+                      mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100", dce: bool = False,
+                      passes: Collection[str] = PIPELINE_ORDER,
+                      after: Mapping[str, Callable[[GraphModule], Any]] | None = None) -> GraphModule:
+    """Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`. `passes`: which of
+    `PIPELINE_ORDER` run; `after`: pass name -> a step run on `gm` right after that pass."""
+    if unknown := [p for p in (*passes, *(after or ())) if p not in PIPELINE_ORDER]:
+        raise StreamnbError(f"unknown joint-graph pass {unknown[0]!r}; one of {', '.join(PIPELINE_ORDER)}")
     with paused_gc():   # the passes make no reference cycles worth collecting (see below)
-        assign_backward_streams(gm, upstream=upstream)
-        assign_epilogue_copy_streams(gm, upstream=upstream)
-        insert_backward_syncs(gm, upstream=upstream)
-        sync_deallocations(gm, upstream=upstream, mechanism=mechanism, device=device)
-        # After every pass that inserts sync nodes: a sync inserted later would be bare again.
-        wrap_all_sync_nodes_with_control_deps(gm, upstream=upstream)
+        for name in (p for p in PIPELINE_ORDER if p in passes):   # the wrapping last: a later sync would be bare
+            run_pass(gm, name, upstream=upstream, mechanism=mechanism, device=device)
+            if after and name in after: after[name](gm)
     if fw_metadata is not None:   # read last, from the streams the graph finally has
-        populate_fw_metadata_with_stream_indices(gm, fw_metadata, upstream=upstream)
+        run_pass(gm, "populate_fw_metadata_with_stream_indices", fw_metadata, upstream=upstream)
     if dce:   # what graph_capture.py does next; removes only unused getitems and already-dead nodes
         gm.graph.eliminate_dead_code()
-        recompile(gm)
+        gm.recompile()
     return gm

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 from .simulator import Timeline
 
 # %% auto #0
-__all__ = ['HOST_ROW', 'MARKS', 'rows', 'row_label', 'time_unit', 'legend_entries', 'plot_timeline', 'plot_memory']
+__all__ = ['HOST_ROW', 'MARKS', 'rows', 'time_unit', 'plot_timeline', 'plot_memory']
 
 # %% ../nbs/05_plot.ipynb #b58a87b7
 HOST_ROW = "host"
@@ -26,10 +26,12 @@ def rows(tl: Timeline) -> list:
     host = any(w.stream is None for w in tl.waits)
     return ([HOST_ROW] if host else []) + list(tl.streams)
 
-def row_label(tl: Timeline, row) -> str:
+# %% ../nbs/05_plot.ipynb #7bbc6a91
+def _row_label(tl: Timeline, row) -> str:
     if row == HOST_ROW: return "host"
     return f"stream {row}" + (" (current)" if row == tl.current_stream else "")
 
+# %% ../nbs/05_plot.ipynb #34344a46
 def _fits(ax: Axes, width: float, span: float, text: str, fontsize: float = 7.5) -> bool:
     "Does `text` fit inside a bar `width` long on an axis showing `span`?"
     axis_pts = ax.get_position().width * ax.figure.get_figwidth() * 72
@@ -43,6 +45,7 @@ def time_unit(span_ms: float = 0.0) -> tuple[str, float]:
     "The one unit of every axis and label: microseconds. (unit, factor from the simulator's ms)."
     return "µs", 1000.0
 
+# %% ../nbs/05_plot.ipynb #2b48fb45
 def _marks(marks) -> frozenset:
     "The marker kinds to draw: all of `MARKS` for None; a name that is not one is an error."
     if marks is None: return frozenset(MARKS)
@@ -62,6 +65,7 @@ def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool) -
         if _fits(ax, end - start, span, name):
             ax.text((start + end) / 2 * k, y[s], name, ha="center", va="center", fontsize=7.5, gid=f"label:{name}")
 
+# %% ../nbs/05_plot.ipynb #f8e8013a
 def _waits(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for w in tl.waits:
         if w.duration <= 0: continue
@@ -70,6 +74,7 @@ def _waits(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
                           edgecolor="0.5", linewidth=0.5)
         band.set_gid(f"wait:{w.node}")
 
+# %% ../nbs/05_plot.ipynb #47f4330c
 def _flows(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for f in tl.flows:
         dst = HOST_ROW if f.dst_stream is None else f.dst_stream
@@ -77,9 +82,11 @@ def _flows(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
                     arrowprops=dict(arrowstyle="->", color="tab:purple", lw=1.2, shrinkA=0, shrinkB=0),
                     gid=f"flow:{f.event}")
 
+# %% ../nbs/05_plot.ipynb #18e86491
 def _marker(ax: Axes, x: float, y: float, gid: str, **kw) -> None:
     ax.plot([x], [y], ls="none", clip_on=False, gid=gid, **kw)   # never clipped by the axes, even at t=0
 
+# %% ../nbs/05_plot.ipynb #cc5a7c60
 def _record_stream(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     "Where record_stream was issued (x), and where the free it defers happens: on the tensor's own stream (◇)."
     for op in (s for s in tl.syncs if s.op == "record_stream"):
@@ -89,10 +96,12 @@ def _record_stream(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
             _marker(ax, lt.free * k, y[lt.stream] - 0.42, f"deferred_free:{op.tensor}", marker="D", color="tab:red",
                     markerfacecolor="none", markersize=7)
 
+# %% ../nbs/05_plot.ipynb #690ab1df
 def _syncs(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for op in (s for s in tl.syncs if s.op == "sync_dealloc"):
         _marker(ax, op.end * k, y[op.stream] - 0.42, f"sync_dealloc:{op.node}", marker="v", color="tab:green", markersize=8)
 
+# %% ../nbs/05_plot.ipynb #579f95f2
 def _unsafe_frees(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
     for u in tl.unsafe_frees:   # a block back in its pool while another stream may still read it
         _marker(ax, u.freed_at * k, y[u.stream] + 0.42, f"unsafe_free:{u.tensor}", marker="*", color="red", markersize=11)
@@ -105,11 +114,12 @@ def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: flo
     for kind, draw in (("waits", _waits), ("flows", _flows), ("record_stream", _record_stream), ("syncs", _syncs),
                        ("unsafe_frees", _unsafe_frees)):
         if kind in marks: draw(ax, tl, y, k)
-    ax.set_yticks(range(len(rs)), [row_label(tl, r) for r in rs])
+    ax.set_yticks(range(len(rs)), [_row_label(tl, r) for r in rs])
     ax.set_ylim(len(rs) - 0.5, -0.7)   # first row on top
     ax.set_title(f"{title} (makespan {tl.makespan * k:.4g} {unit})", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
 
+# %% ../nbs/05_plot.ipynb #b5d34e83
 _LEGEND = {   # mark kind -> (is it on this timeline?, its legend entries)
     "races": (lambda tl: tl.unordered_reads, [Patch(facecolor="white", edgecolor="red", linewidth=2, label="unordered read")]),
     "waits": (lambda tl: any(w.duration > 0 for w in tl.waits), [Patch(facecolor="0.85", hatch="///", edgecolor="0.5", label="wait")]),
@@ -122,7 +132,7 @@ _LEGEND = {   # mark kind -> (is it on this timeline?, its legend entries)
     "unsafe_frees": (lambda tl: tl.unsafe_frees, [Line2D([], [], color="red", marker="*", ls="none", markersize=10, label="unsafe free")]),
 }
 
-def legend_entries(timelines: Sequence[Timeline], marks=None) -> list:
+def _legend_entries(timelines: Sequence[Timeline], marks=None) -> list:
     "The legend's handles: one per kind of mark that is drawn and occurs on at least one of `timelines`."
     marks = _marks(marks)
     return [h for kind, (occurs, hs) in _LEGEND.items() if kind in marks and any(occurs(tl) for tl in timelines) for h in hs]
@@ -150,7 +160,7 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
         a.set_xlim(-0.015 * span * k, span * k * 1.02)   # a margin at t=0: marks there stay visible
         _draw_one(a, tl, title, span, unit, k, marks)
     axes[-1].set_xlabel(f"time ({unit})")
-    handles = legend_entries(timelines, marks)
+    handles = _legend_entries(timelines, marks)
     if ax is None:   # our own figure: the legend goes in a strip along the bottom
         if handles: fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7.5, frameon=False)
         fig.tight_layout(rect=(0, (0.35 if handles else 0.05) / fig.get_figheight(), 1, 1))
@@ -164,6 +174,7 @@ def _unit(nbytes: float) -> tuple[str, float]:
         if nbytes >= scale: return unit, scale
     return "B", 1
 
+# %% ../nbs/05_plot.ipynb #be3928ab
 def plot_memory(*timelines: Timeline, labels: Sequence[str] | None = None, ax: Axes | None = None,
                 width: float = 8.0) -> Figure:
     "Allocated bytes over time for one or more timelines, overlaid, each peak marked."

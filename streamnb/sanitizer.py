@@ -23,10 +23,12 @@ __all__ = ['unknown_streams', 'SanitizerError', 'Report', 'sanitize']
 # %% ../nbs/07_sanitizer.ipynb #f82b5c7e
 def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
 
+# %% ../nbs/07_sanitizer.ipynb #bc07c637
 def _tgt(n: Node) -> str:
     t = n.target
     return "getitem" if t is operator.getitem else str(getattr(t, "__name__", t)) if not isinstance(t, torch._ops.OpOverload) else str(t)
 
+# %% ../nbs/07_sanitizer.ipynb #7059ecaa
 def _short(n: Node) -> str:
     "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`."
     args = ", ".join(a.name if isinstance(a, Node) else repr(a) for a in n.args)
@@ -46,6 +48,7 @@ def unknown_streams(gm: GraphModule, registry: StreamRegistry | None = None) -> 
                 if isinstance(s, int) and not isinstance(s, bool): named.setdefault(s, []).append(n)
     return {s: ns for s, ns in sorted(named.items()) if s not in annotated and not reg.is_current_stream(s)}
 
+# %% ../nbs/07_sanitizer.ipynb #320f0e4f
 def _with_current(registry: StreamRegistry, extra: Collection[int]) -> StreamRegistry:
     "A registry for lookups only: `registry`'s current stream (the same key) plus the indices `extra` as that stream too."
     if not extra: return registry
@@ -67,6 +70,7 @@ class Block:
     @property
     def name(self) -> str: return self.node.name
 
+# %% ../nbs/07_sanitizer.ipynb #650c6832
 @dataclass
 class Access:
     "One kernel's read or write of a tensor."
@@ -76,12 +80,14 @@ class Access:
     arg: str          # "argument 'self'" or "the output"
     write: bool
 
+# %% ../nbs/07_sanitizer.ipynb #6513ad7f
 def _on_cpu(m: Storage) -> bool:
     "True if the storage holds a CPU tensor: CPU kernels run synchronously on the host, so they never race."
     v = m.node.meta.get("val")
     if m.index is not None and isinstance(v, (list, tuple)) and m.index < len(v): v = v[m.index]
     return isinstance(v, torch.Tensor) and v.device.type == "cpu"
 
+# %% ../nbs/07_sanitizer.ipynb #cd5e4241
 def _blocks(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
     """The alias model (`streamops.storages`) with one `Block` per storage, on the stream `key(node)` of its node: each
     node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it. CPU tensors get
@@ -140,6 +146,7 @@ class SanitizerError:
         return None if self.start is None else self.end - self.start
     def __str__(self): return self.message
 
+# %% ../nbs/07_sanitizer.ipynb #6220e4b4
 @dataclass
 class Report:
     "What `sanitize` found. `errors` make `ok` False; `warnings` (redundant work, stalls, unknown stream indices) do not."
@@ -161,6 +168,7 @@ class Report:
 def _acc_line(a: Access) -> str:
     return f"    {_short(a.node)}\n    {'writing to' if a.write else 'reading from'} {a.arg}"
 
+# %% ../nbs/07_sanitizer.ipynb #aa050d1f
 def _race_msg(t: Block, acc: Access, prev: Access) -> str:
     return (f"streamnb detected a possible data race on tensor {t.name} (allocated on {_sname(t.stream)})\n"
             f"Access by {_sname(acc.stream)} during kernel:\n{_acc_line(acc)}\n"
@@ -169,6 +177,7 @@ def _race_msg(t: Block, acc: Access, prev: Access) -> str:
             f"after {prev.node.name} on {_sname(prev.stream)} and a wait_event for it on {_sname(acc.stream)} before "
             f"{acc.node.name} would order them.")
 
+# %% ../nbs/07_sanitizer.ipynb #1ebe7d1e
 def _reuse_msg(t: Block, freed_after: Node, acc: Access) -> str:
     return (f"streamnb detected a possible use of freed memory: tensor {t.name} (allocated on {_sname(t.stream)})\n"
             f"is freed after its last use {freed_after.name}, and its block goes back to {_sname(t.stream)}'s pool.\n"
@@ -177,10 +186,12 @@ def _reuse_msg(t: Block, freed_after: Node, acc: Access) -> str:
             f"while {acc.node.name} still runs. Record an event after {acc.node.name} and wait for it on "
             f"{_sname(t.stream)} before the free (sync_dealloc), or call record_stream.")
 
+# %% ../nbs/07_sanitizer.ipynb #bfc93a15
 def _sync_name(n: Node) -> str:
     op = decode(n)
     return f"{n.name} ({op.kind}{tuple(a for a in op.args if not isinstance(a, Node))})" if op else n.name
 
+# %% ../nbs/07_sanitizer.ipynb #adaf6d6e
 def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> tuple[str, tuple | None]:
     """Why the data edges do not order `prev` before stream `s`'s work at the `later` nodes: the sync pair program order
     relies on (the last wait on `s` before them whose record on `prev`'s stream follows `prev`) and its first missing link."""
@@ -199,12 +210,14 @@ def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> tupl
                 f"they may be hoisted above the wait"), pair
     return "no record/wait pair orders them along data edges", None
 
+# %% ../nbs/07_sanitizer.ipynb #867753f0
 def _reorder_msg(t: Block, acc: Access, prev: Access, what: str, why: str) -> str:
     return (f"streamnb: {what} on tensor {t.name} is ordered in program order but not along data edges\n"
             f"Access by {_sname(acc.stream)} during kernel:\n{_acc_line(acc)}\n"
             f"Previous access by {_sname(prev.stream)} during kernel:\n{_acc_line(prev)}\n"
             f"A pass that reorders nodes along their data edges may bring the race back: {why}.")
 
+# %% ../nbs/07_sanitizer.ipynb #706ad747
 def _reorder_free_msg(t: Block, freed_after: Node, prev: Access, why: str) -> str:
     return (f"streamnb: the free of tensor {t.name} (allocated on {_sname(t.stream)}) after {freed_after.name} is ordered "
             f"after the use below in program order but not along data edges\n"
@@ -258,6 +271,7 @@ def is_kernel(n: Node) -> bool:
     return (n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n)
             and decode(n) is None and not is_view(n))
 
+# %% ../nbs/07_sanitizer.ipynb #897c8340
 def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
     "CSAN's rule: a read conflicts with the last unordered write; a write with the unordered reads since it and with it."
     s = san.key(n)
@@ -294,19 +308,23 @@ def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
              f"streamnb: {n.name} waits on event {e}, which no record_event before it records.\n"
              f"CUDA treats an event that was never recorded as complete, so the wait orders nothing.")
 
+# %% ../nbs/07_sanitizer.ipynb #e02660bb
 def _data_wait(san: _Sanitizer, e, s, st: dict | None) -> None:
     "The data-edge model: only a wait that depends on its record applies the record's snapshot."
     r, do = san.records.get(e), san.do
     if do is not None and r is not None and do.is_ancestor(r, st): st[s] = st.get(s, 0) | do.snap[r]
 
+# %% ../nbs/07_sanitizer.ipynb #c1ec18ab
 def _data_host(san: _Sanitizer, bits: int, st: dict | None) -> None:
     if san.do is not None: st[HOST] = st.get(HOST, 0) | bits
 
+# %% ../nbs/07_sanitizer.ipynb #05d311b0
 def _record_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     e, s = op.event, san.stream(op.stream)
     if san.do is not None: san.do.snap[n] = san.do.get(st, s)
     san.records[e] = n; san.recorded_on[n] = s
 
+# %% ../nbs/07_sanitizer.ipynb #e5c13a06
 def _wait_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     "wait_event, and sync_dealloc, which also holds its tensor."
     e, s = op.event, san.stream(op.stream)
@@ -315,29 +333,35 @@ def _wait_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     _data_wait(san, e, s, st)
     if op.kind == "sync_dealloc" and isinstance(t := san.store.get(op.tensor), Block): t.sync_deallocs.append(n)
 
+# %% ../nbs/07_sanitizer.ipynb #f6665c56
 def _record_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     if isinstance(t := san.store.get(op.tensor), Block): t.record_streams.add(san.stream(op.stream))
 
+# %% ../nbs/07_sanitizer.ipynb #018ea1f3
 def _wait_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     a, b = san.stream(op.streams[0]), san.stream(op.streams[1])
     if san.do is not None: st[a] = st.get(a, 0) | san.do.get(st, b)
 
+# %% ../nbs/07_sanitizer.ipynb #58f5ba4a
 def _synchronize_event(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     e = op.event
     if e not in san.vc.events: _no_record(san, n, e, HOST)
     r = san.records.get(e)
     if san.do is not None and r is not None and san.do.is_ancestor(r, st): _data_host(san, san.do.snap[r], st)
 
+# %% ../nbs/07_sanitizer.ipynb #df267b04
 def _synchronize_stream(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     s = san.stream(op.stream)
     if san.do is not None: _data_host(san, san.do.get(st, s), st)
 
+# %% ../nbs/07_sanitizer.ipynb #a92fdde5
 def _synchronize_device(san: _Sanitizer, n: Node, op: StreamOp, st) -> None:
     if san.do is not None:
         bits = 0
         for v in st.values(): bits |= v
         _data_host(san, bits, st)
 
+# %% ../nbs/07_sanitizer.ipynb #34af066f
 _ON_SYNC = {   # the sanitizer's column of the stream-ops table: kind -> (sanitizer, node, decoded op, data-edge state)
     "record_event": _record_event, "wait_event": _wait_event, "sync_dealloc": _wait_event,
     "record_stream": _record_stream, "wait_stream": _wait_stream, "synchronize_event": _synchronize_event,

@@ -5,15 +5,11 @@
 # %% ../nbs/04_simulate.ipynb #aa464681
 from __future__ import annotations
 
-import dataclasses
-import functools
-import heapq
-import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -22,12 +18,11 @@ from torch.fx import GraphModule, Node
 from .graph import StreamnbError, StreamRegistry, get_registry, get_stream
 from .streamops import (StreamOp, VectorClocks, current_stream_key, decode, is_view, owner,
                                physical_stream, storages)
-from .cost import DeviceSpec, get_device_spec, get_roofline_estimate
+from .cost import get_roofline_estimate
+from .contention import ContendedClock, demand_function
 
 # %% auto #0
-__all__ = ['SM_COUNTS', 'ELEMENTS_PER_BLOCK', 'Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'us',
-           'Timeline', 'is_alias', 'value_bytes', 'memory_curve', 'cost_function', 'simulate', 'Demand', 'sm_count',
-           'occupancy', 'kernel_demand', 'demand_function']
+__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'us', 'Timeline', 'is_alias', 'simulate']
 
 # %% ../nbs/04_simulate.ipynb #a2c36e43
 @dataclass
@@ -42,6 +37,7 @@ class Wait:
     @property
     def duration(self) -> float: return self.end - self.start
 
+# %% ../nbs/04_simulate.ipynb #bccc3bf6
 @dataclass
 class SyncOp:
     "A stream op as simulated: on which stream (None: the host) and when it took effect (ops themselves take no time)."
@@ -53,6 +49,7 @@ class SyncOp:
     event: int | None = None
     tensor: str | None = None
 
+# %% ../nbs/04_simulate.ipynb #dca0c064
 @dataclass
 class Flow:
     "An ordering edge: the record (or the waited-on stream) at `src_time`, released to the wait at `dst_time`."
@@ -64,6 +61,7 @@ class Flow:
     dst_stream: int | None
     dst_time: float
 
+# %% ../nbs/04_simulate.ipynb #98436f83
 @dataclass
 class UnorderedRead:
     "`consumer` reads `producer`'s value with nothing in the graph ordering it after the producer (a data race)."
@@ -78,6 +76,7 @@ class UnorderedRead:
         "True when the simulated consumer really started before its producer ended."
         return self.start < self.producer_end
 
+# %% ../nbs/04_simulate.ipynb #d35edc2d
 @dataclass
 class UnsafeFree:
     "`tensor`'s block went back to its pool while `reader` on another stream was not ordered before the reuse."
@@ -88,6 +87,7 @@ class UnsafeFree:
     reader_stream: int
     read_end: float
 
+# %% ../nbs/04_simulate.ipynb #1accb8ae
 @dataclass
 class Lifetime:
     "One allocation: its stream, size, and when its block was taken and returned (`free` None: never)."
@@ -96,10 +96,12 @@ class Lifetime:
     alloc: float
     free: float | None = None
 
+# %% ../nbs/04_simulate.ipynb #526f5985
 def us(x: float) -> float:
     "`x` µs in ms, the simulator's unit: `cost={'mul': us(3)}` is a 3 µs kernel."
     return x / 1e3
 
+# %% ../nbs/04_simulate.ipynb #84ee68ea
 @dataclass
 class Timeline:
     "The result of `simulate`."
@@ -136,7 +138,8 @@ def is_alias(node: Node) -> bool:
     "True for nodes that take no time and share their input's memory: getitem and views."
     return node.op == "call_function" and (node.target is operator.getitem or is_view(node))
 
-def value_bytes(node: Node) -> int:
+# %% ../nbs/04_simulate.ipynb #a429452b
+def _value_bytes(node: Node) -> int:
     "Bytes of the tensors in `node.meta['val']` (0 without one)."
     leaves = pytree.tree_leaves(node.meta.get("val"))
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
@@ -171,6 +174,7 @@ class FreeClock:
     @staticmethod
     def run(node: Node, start: float, ms: float) -> float: return start + ms
 
+# %% ../nbs/04_simulate.ipynb #460dc74f
 class SimState:
     "The simulator's clocks and records while it walks a graph."
     def __init__(self, current: int, launch_overhead: float = 0.0, clock=None):
@@ -224,6 +228,7 @@ def record_event(st: SimState, name: str, e: int, s: int) -> None:
     st.tail[s] = t
     st.tl.syncs.append(SyncOp(name, "record_event", s, t, t, event=e))
 
+# %% ../nbs/04_simulate.ipynb #a53fdd5f
 def _hold(st: SimState, name: str, op: str, s: int, until: float, on: str, **kw) -> float:
     "Hold stream `s` until `until`; record the wait."
     t0 = st.now(s); t1 = st.clk.mx(t0, until)
@@ -232,6 +237,7 @@ def _hold(st: SimState, name: str, op: str, s: int, until: float, on: str, **kw)
     st.tl.syncs.append(SyncOp(name, op, s, t0, t1, **kw))
     return t1
 
+# %% ../nbs/04_simulate.ipynb #bd0e270e
 def wait_event(st: SimState, name: str, e: int, s: int, op: str = "wait_event", tensor: str | None = None) -> None:
     st.stream(s)
     if e not in st.events:
@@ -240,6 +246,7 @@ def wait_event(st: SimState, name: str, e: int, s: int, op: str = "wait_event", 
     t1 = _hold(st, name, op, s, t, f"event {e}", event=e, tensor=tensor)
     st.tl.flows.append(Flow(e, rec, rs, t, name, s, t1))
 
+# %% ../nbs/04_simulate.ipynb #6db63f98
 def wait_stream(st: SimState, name: str, waiting: int, waited_on: int) -> None:
     t = st.now(waited_on)
     t1 = _hold(st, name, "wait_stream", st.stream(waiting), t, f"stream {waited_on}")
@@ -252,6 +259,7 @@ def _host_hold(st: SimState, name: str, op: str, until: float, on: str, event=No
     st.tl.syncs.append(SyncOp(name, op, None, t0, st.host, event=event))
     return st.host
 
+# %% ../nbs/04_simulate.ipynb #09f15008
 def synchronize_event(st: SimState, name: str, e: int) -> None:
     if e not in st.events:
         _host_hold(st, name, "synchronize_event", 0.0, f"event {e} (not recorded before this point: no-op)", e); return
@@ -259,19 +267,22 @@ def synchronize_event(st: SimState, name: str, e: int) -> None:
     t1 = _host_hold(st, name, "synchronize_event", t, f"event {e}", e)
     st.tl.flows.append(Flow(e, rec, rs, t, name, None, t1))
 
+# %% ../nbs/04_simulate.ipynb #c81d8ddf
 def synchronize_stream(st: SimState, name: str, s: int) -> None:
     st.stream(s)
     _host_hold(st, name, "synchronize_stream", st.tail[s], f"stream {s}")
 
+# %% ../nbs/04_simulate.ipynb #e611e180
 def synchronize_device(st: SimState, name: str) -> None:
     _host_hold(st, name, "synchronize_device", reduce(st.clk.mx, st.tail.values(), 0.0), "device")
 
 # %% ../nbs/04_simulate.ipynb #c01ee220
 def alloc(st: SimState, b: Node, s: int | None, t: float) -> None:
-    n = value_bytes(b)
+    n = _value_bytes(b)
     st.tl.lifetimes[b.name] = Lifetime(s, n, t)
     st.deltas.append((t, n))
 
+# %% ../nbs/04_simulate.ipynb #ddb3569c
 def free(st: SimState, b: Node) -> None:
     lt = st.tl.lifetimes[b.name]
     s = lt.stream
@@ -283,13 +294,14 @@ def free(st: SimState, b: Node) -> None:
         if p not in st.recorded.get(b, ()) and not st.knows(s, p, k):
             st.tl.unsafe_frees.append(UnsafeFree(b.name, s, t, reader, p, end))
 
+# %% ../nbs/04_simulate.ipynb #acec9659
 def record_stream(st: SimState, name: str, b: Node | None, s: int) -> None:
     t = st.now(s)
     if b is not None: st.recorded.setdefault(b, set()).add(s)
     st.tl.syncs.append(SyncOp(name, "record_stream", s, t, t, tensor=None if b is None else b.name))
 
 # %% ../nbs/04_simulate.ipynb #85d2bf38
-def memory_curve(deltas: list[tuple[float, int]]) -> tuple[list[tuple[float, int]], int]:
+def _memory_curve(deltas: list[tuple[float, int]]) -> tuple[list[tuple[float, int]], int]:
     "A step curve [(time, bytes allocated from then on)] and its peak; at equal times frees come before allocations."
     cur, peak, curve = 0, 0, [(0.0, 0)]
     for t, d in sorted(deltas, key=lambda td: (td[0], td[1] > 0)):
@@ -301,7 +313,7 @@ def memory_curve(deltas: list[tuple[float, int]]) -> tuple[list[tuple[float, int
     return curve, peak
 
 # %% ../nbs/04_simulate.ipynb #aea1010f
-def cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, device: str) -> Callable[[Node], float]:
+def _cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, device: str) -> Callable[[Node], float]:
     "Turn `simulate`'s `cost` argument into a checked `node -> ms` function."
     if cost is None: raw = lambda n: get_roofline_estimate(n, device=device)
     elif isinstance(cost, Mapping):
@@ -328,6 +340,19 @@ def last_uses(nodes: list[Node], base: dict[Node, Node | None]) -> dict[Node, in
                 last[ab] = None if n.op == "output" else i
     return last
 
+# %% ../nbs/04_simulate.ipynb #fa07f334
+def settle(st: SimState, value: Callable) -> None:
+    "Write each time's played `value(t)` into the timeline and the state (spans, waits, syncs, flows, frees, memory, host, tails)."
+    tl = st.tl
+    tl.spans = {k: (s, value(a), value(b)) for k, (s, a, b) in tl.spans.items()}
+    for rec in (*tl.waits, *tl.syncs, *tl.flows, *tl.unordered_reads, *tl.unsafe_frees, *tl.lifetimes.values()):
+        for f, x in vars(rec).items(): setattr(rec, f, value(x))
+    st.deltas = [(value(t), d) for t, d in st.deltas]
+    st.host, st.tail = value(st.host), {s: value(t) for s, t in st.tail.items()}
+    tl.busy = {s: 0.0 for s in tl.busy}
+    for s, a, b in tl.spans.values(): tl.busy[s] += b - a   # time on the stream, slowed kernels included
+    tl.contended = True
+
 # %% ../nbs/04_simulate.ipynb #10edbf86
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str = "H100", registry: StreamRegistry | None = None, launch_overhead: float = 0.0,
@@ -335,13 +360,13 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     """Simulate `gm` on its streams: the host issues nodes in graph order, kernels take `cost(node)` ms (default: the
     roofline estimate on `device`), only streams and syncs order them. Returns a `Timeline`.
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
-    share `device`'s compute and bandwidth, demands from `kernel_demand`); or a table / function giving each kernel's
+    share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04a); or a table / function giving each kernel's
     `Demand` by hand."""
     reg = registry if registry is not None else get_registry()
     clock = None if contention is False else ContendedClock(demand_function(contention, device))
     st = SimState(current_stream_key(reg), launch_overhead, clock)
     phys = lambda i: physical_stream(i, reg)
-    cost_of = cost_function(cost, device)
+    cost_of = _cost_function(cost, device)
     nodes = list(gm.graph.nodes)
     mem = storages(gm)
     base: dict[Node, Node | None] = {n: owner(mem, n) for n in nodes}
@@ -360,169 +385,10 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
             launch(st, n, s, cost_of(n), inputs)
             if base[n] is n: alloc(st, n, s, st.tl.spans[n.name][1])   # an in-place op writes into its argument
         for b in frees.get(i, ()): free(st, b)
-    if clock is not None: clock.play(); settle(st)
+    if clock is not None: clock.play(); settle(st, clock.value)
     tl = st.tl
     tl.name, tl.host_time = name, st.host
-    tl.memory, tl.peak_memory = memory_curve(st.deltas)
+    tl.memory, tl.peak_memory = _memory_curve(st.deltas)
     tl.makespan = max([st.host, *st.tail.values()])
     tl.streams = sorted(st.tail, key=lambda s: (s != tl.current_stream, s))
     return tl
-
-# %% ../nbs/04_simulate.ipynb #e89a5146
-class Demand(NamedTuple):
-    "The fractions of a device's peak compute and memory bandwidth a kernel uses while it runs at full speed."
-    compute: float = 0.0
-    memory: float = 0.0
-
-SM_COUNTS: dict[str, int] = {   # SMs per device; DeviceSpec (chapter 03) has no SM count
-    "H100": 132,   # H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper)
-    "H200": 132,   # the same GH100 configuration as H100 SXM5
-    "A100": 108,   # NVIDIA A100 Tensor Core GPU Architecture whitepaper
-}
-ELEMENTS_PER_BLOCK = 1024   # one thread block per 1024 elements: a typical pointwise kernel's block (a model constant)
-
-def sm_count(device: str | DeviceSpec) -> int:
-    "The number of SMs of `device` (a DeviceSpec's own `sm_count` if it has one, else `SM_COUNTS`)."
-    spec = get_device_spec(device)
-    n = getattr(spec, "sm_count", None) or SM_COUNTS.get(spec.name)
-    if not n: raise StreamnbError(f"device {spec.name}: no SM count (add it to SM_COUNTS)")
-    return n
-
-def occupancy(node: Node, device: str | DeviceSpec = "H100") -> float:
-    "The fraction of `device`'s SMs `node` can fill: blocks of its largest tensor (read or written) over the SM count."
-    numel = max((t.numel() for a in (node, *node.all_input_nodes)
-                 for t in pytree.tree_leaves(a.meta.get("val")) if isinstance(t, torch.Tensor)), default=0)
-    return min(1.0, max(1, math.ceil(numel / ELEMENTS_PER_BLOCK)) / sm_count(device))
-
-# %% ../nbs/04_simulate.ipynb #6561568d
-_PEAKS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp64_tflops")
-
-@functools.lru_cache(maxsize=None)
-def _split(spec: DeviceSpec) -> tuple[DeviceSpec, DeviceSpec]:
-    "`spec` with infinite bandwidth (its estimate is the compute time) and with infinite FLOP rates (the transfer time)."
-    return (dataclasses.replace(spec, hbm_gbps=math.inf), dataclasses.replace(spec, **{f: math.inf for f in _PEAKS}))
-
-def kernel_demand(node: Node, ms: float, device: str | DeviceSpec = "H100") -> Demand:
-    "`node`'s `Demand` on `device` when it takes `ms` alone: roofline compute and transfer times over `ms`, capped by occupancy."
-    if ms <= 0: return Demand()
-    spec = get_device_spec(device)
-    compute_only, memory_only = _split(spec)
-    compute = get_roofline_estimate(node, device=compute_only)
-    memory = get_roofline_estimate(node, device=memory_only)
-    occ = occupancy(node, spec)
-    return Demand(min(occ, compute / ms), min(occ, memory / ms))
-
-# %% ../nbs/04_simulate.ipynb #029e2ce1
-def demand_function(contention: bool | Mapping | Callable, device: str | DeviceSpec) -> Callable[[Node, float], Demand]:
-    "Turn `simulate`'s `contention` argument into a checked `(node, ms) -> Demand` function."
-    if contention is True: raw = lambda n, ms: kernel_demand(n, ms, device)
-    elif isinstance(contention, Mapping):
-        def raw(n, ms):
-            if n.name not in contention: raise StreamnbError(f"node {n.name}: not in the demand table")
-            return contention[n.name]
-    elif callable(contention): raw = lambda n, ms: contention(n)
-    else: raise StreamnbError(f"contention must be True, False, a table or a function, not {contention!r}")
-    def checked(n: Node, ms: float) -> Demand:
-        d = Demand(*raw(n, ms))
-        if not all(0 <= x <= 1 for x in d):
-            raise StreamnbError(f"node {n.name}: demand {tuple(d)} is not two fractions in [0, 1]")
-        return d
-    return checked
-
-# %% ../nbs/04_simulate.ipynb #f6e3cee8
-class _At:
-    "A time known once the contended run is played: max(args) + plus, or (`args` empty) the end of a kernel."
-    __slots__ = ("args", "plus", "v", "ups", "left")
-    def __init__(self, args=(), plus=0.0):
-        self.args, self.plus, self.v, self.ups, self.left = args, plus, None, [], 0
-
-def _value(t): return t.v if type(t) is _At else t
-
-class ContendedClock:
-    "Times as `_At` nodes; `play` shares the device among running kernels and fills every value in."
-    def __init__(self, demand: Callable[[Node, float], Demand]):
-        self.demand, self.times, self.kernels = demand, [], []   # kernels: (start, ms, Demand, end)
-
-    def mx(self, a, b):
-        if type(a) is not _At and type(b) is not _At: return max(a, b)
-        if a is b or (type(b) is not _At and b <= 0): return a   # times are never negative
-        if type(a) is not _At and a <= 0: return b
-        t = _At((a, b)); self.times.append(t); return t
-
-    def plus(self, t, c: float):
-        if c == 0 or type(t) is not _At: return t + c if c else t
-        u = _At((t,), c); self.times.append(u); return u
-
-    def run(self, node: Node, start, ms: float) -> _At:
-        end = _At(); self.kernels.append((start, ms, self.demand(node, ms), end)); return end
-
-# %% ../nbs/04_simulate.ipynb #3dc288fb
-def fair_level(demands: list[float]) -> float:
-    "The water-filling level of one resource: each demand gets min(demand, level), together the capacity 1 (inf: no shortage)."
-    if sum(demands) <= 1: return math.inf
-    left, n = 1.0, len(demands)
-    for d in sorted(demands):
-        if d * n > left: return left / n   # this and every bigger demand get left / n
-        left, n = left - d, n - 1
-    return math.inf
-
-def _rates(running: dict) -> dict:
-    "Each running kernel's rate: the smallest over the resources it uses of min(1, level / demand)."
-    level = [fair_level([k[3][r] for k in running.values() if k[3][r] > 0]) for r in (0, 1)]
-    return {i: min([min(1.0, level[r] / k[3][r]) for r in (0, 1) if k[3][r] > 0], default=1.0)
-            for i, k in running.items()}
-
-def _fill(t: _At, v: float, queue: list) -> None:
-    "Give `t` its value and every time (and kernel start) that waited only for it theirs."
-    t.v, todo = v, [t]
-    while todo:
-        x = todo.pop()
-        for u in x.ups:
-            if type(u) is int: heapq.heappush(queue, (x.v, u)); continue   # kernel u starts at x
-            u.left -= 1
-            if u.left == 0:
-                u.v = max(_value(a) for a in u.args) + u.plus
-                todo.append(u)
-
-def play(self: ContendedClock) -> None:
-    "Run the kernels, sharing the device; fill in every time."
-    for t in self.times:
-        for a in t.args:
-            if type(a) is _At: a.ups.append(t); t.left += 1
-    queue = []
-    for i, (start, *_ ) in enumerate(self.kernels):
-        if type(start) is _At: start.ups.append(i)
-        else: queue.append((start, i))
-    heapq.heapify(queue)
-    running = {}   # kernel -> [t_last, remaining ms, rate, demand, end]
-    while queue or running:
-        nxt, tf = None, math.inf
-        for i, (t0, rem, rate, _, _) in running.items():
-            if t0 + rem / rate < tf: nxt, tf = i, t0 + rem / rate
-        if running and (not queue or tf <= queue[0][0]):
-            now = tf; _fill(running.pop(nxt)[4], now, queue)
-        else:
-            now, i = heapq.heappop(queue)
-            _, ms, demand, end = self.kernels[i]
-            if ms == 0: _fill(end, now, queue); continue
-            running[i] = [now, ms, None, demand, end]
-        for i, rate in _rates(running).items():
-            k = running[i]
-            if k[2] != rate:
-                if k[2] is not None: k[1] = max(0.0, k[1] - k[2] * (now - k[0]))
-                k[0], k[2] = now, rate
-
-ContendedClock.play = play
-
-def settle(st: SimState) -> None:
-    "Write the played values into the timeline and the state (spans, waits, syncs, flows, frees, memory, host, tails)."
-    tl = st.tl
-    tl.spans = {k: (s, _value(a), _value(b)) for k, (s, a, b) in tl.spans.items()}
-    for rec in (*tl.waits, *tl.syncs, *tl.flows, *tl.unordered_reads, *tl.unsafe_frees, *tl.lifetimes.values()):
-        for f, x in vars(rec).items():
-            if type(x) is _At: setattr(rec, f, x.v)
-    st.deltas = [(_value(t), d) for t, d in st.deltas]
-    st.host, st.tail = _value(st.host), {s: _value(t) for s, t in st.tail.items()}
-    tl.busy = {s: 0.0 for s in tl.busy}
-    for s, a, b in tl.spans.values(): tl.busy[s] += b - a   # time on the stream, slowed kernels included
-    tl.contended = True

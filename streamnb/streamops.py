@@ -61,6 +61,7 @@ class StreamOp:
         "The (first) stream the op names: the stream that records, waits, holds or is synchronized."
         return self.streams[0] if self.streams else None
 
+# %% ../nbs/02_streamops.ipynb #eb201f89
 def _inner(node: Node, gm: GraphModule | None) -> tuple:
     "The one call in a control_deps node's subgraph, and its args with its placeholders mapped to the node's operands."
     mod = getattr(gm if gm is not None else node.graph.owning_module, node.args[1].target)
@@ -69,6 +70,7 @@ def _inner(node: Node, gm: GraphModule | None) -> tuple:
     outer = lambda a: node.args[2 + ph[a]] if isinstance(a, Node) and a in ph and 2 + ph[a] < len(node.args) else a
     return call, tuple(outer(a) for a in call.args)
 
+# %% ../nbs/02_streamops.ipynb #e2c8d0c1
 def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     "The stream op `node` performs (the wrapped op for a `control_deps` node), or None if it performs none."
     if node.op != "call_function": return None
@@ -86,6 +88,7 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     return StreamOp(spec.kind, at(spec.event), tuple(at(i) for i in spec.streams), at(spec.tensor), node,
                     target, tuple(args), spec.host, call)
 
+# %% ../nbs/02_streamops.ipynb #ba865fdd
 def is_sync(node: Node, gm: GraphModule | None = None) -> bool:
     "True if `node` performs a stream op (bare or wrapped)."
     return decode(node, gm) is not None
@@ -99,6 +102,7 @@ def indices_in_use(gm: GraphModule) -> set[int]:
         if (op := decode(n, gm)) is not None: used.update(i for i in (op.event, *op.streams) if isinstance(i, int))
     return used
 
+# %% ../nbs/02_streamops.ipynb #309229b0
 def reserve_indices_in_use(gm: GraphModule) -> None:
     "Tell the active registry every index `gm` uses, so that no new index equals one of them."
     get_registry().reserve(indices_in_use(gm))
@@ -109,6 +113,7 @@ def current_stream_key(registry: StreamRegistry) -> int:
     if registry.pinned_current is not None: return registry.pinned_current
     return min(registry.current_streams) if registry.current_streams else 0
 
+# %% ../nbs/02_streamops.ipynb #38477c06
 def physical_stream(ind: int | None, registry: StreamRegistry) -> int:
     "The physical stream behind a stream index (None and current-stream indices are the current stream)."
     return current_stream_key(registry) if registry.is_current_stream(ind) else ind
@@ -177,11 +182,13 @@ def schema_args(n: Node) -> list:
     if not isinstance(t, torch._ops.OpOverload): return [(None, _leaves(n.args) + _leaves(n.kwargs))]
     return [(a, _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))) for i, a in enumerate(t._schema.arguments)]
 
+# %% ../nbs/02_streamops.ipynb #893420d0
 def _leaves(v) -> list:
     out = []
     torch.fx.node.map_aggregate(v, lambda a: out.append(a) if isinstance(a, Node) else None)
     return out
 
+# %% ../nbs/02_streamops.ipynb #4bb7727d
 @functools.lru_cache(maxsize=None)
 def _aliased_args(t) -> tuple:
     "(position, name) of the arguments of op `t` whose alias set its first return shares (a view's or in-place op's)."
@@ -191,6 +198,7 @@ def _aliased_args(t) -> tuple:
     return tuple((i, a.name) for i, a in enumerate(s.arguments)
                  if a.alias_info is not None and a.alias_info.before_set & ret.before_set)
 
+# %% ../nbs/02_streamops.ipynb #2ca5893a
 def alias_source(n: Node) -> Node | None:
     "For a view or in-place op, the argument node whose block its output shares (`Tensor(a)` / `Tensor(a!)` returns)."
     if not isinstance(n.target, torch._ops.OpOverload): return None
@@ -198,12 +206,14 @@ def alias_source(n: Node) -> Node | None:
         if nodes := _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(name)): return nodes[0]
     return None
 
+# %% ../nbs/02_streamops.ipynb #7fb0b97b
 @functools.lru_cache(maxsize=None)
 def _is_view_op(t) -> bool:
     s = t._schema
     return (bool(s.returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns)
             and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments))
 
+# %% ../nbs/02_streamops.ipynb #fad622d7
 def is_view(n: Node) -> bool:
     "True for an op that only makes a new view of its input: it touches no memory on the device (as in CSAN)."
     return isinstance(n.target, torch._ops.OpOverload) and _is_view_op(n.target)
@@ -217,8 +227,10 @@ class Storage:
     @property
     def owned(self) -> bool: return self.node.op == "call_function"
 
+# %% ../nbs/02_streamops.ipynb #c31a27bb
 def _is_tensor(v) -> bool: return isinstance(v, torch.Tensor)
 
+# %% ../nbs/02_streamops.ipynb #1a0ad851
 def storages(gm: GraphModule) -> dict:
     """Each node's memory: a `Storage`, or a tuple with one entry per output (None where it holds no tensor; a tuple
     where a passthrough has several outputs) for a node with several outputs or a `control_deps` node; nodes without
@@ -248,10 +260,12 @@ def storages(gm: GraphModule) -> dict:
         elif v is None or _is_tensor(v): mem[n] = Storage(n)
     return mem
 
+# %% ../nbs/02_streamops.ipynb #f1f62642
 def _flat(m) -> list:
     "The storages in a (nested) tuple of them."
     return [y for x in m for y in (_flat(x) if isinstance(x, tuple) else [x]) if y is not None]
 
+# %% ../nbs/02_streamops.ipynb #ec9ecea0
 def owner(mem: dict, n: Node) -> Node | None:
     """The node that allocated `n`'s memory (`n` itself for a fresh allocation, several outputs included), or None: no
     memory, or a `control_deps` node (its result is the wrapped op's, its passthroughs are their operands')."""

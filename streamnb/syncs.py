@@ -15,7 +15,8 @@ from .graph import (begin_pass, correction, flat_args, get_device, get_stream, g
                             is_bwd_node, new_event, streams)
 
 # %% auto #0
-__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'insert_sync', 'insert_backward_syncs']
+__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'SeedSyncs', 'CorrectedSyncs', 'insert_sync',
+           'insert_backward_syncs']
 
 # %% ../nbs/11_syncs.ipynb #e0c77d2c
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
@@ -25,6 +26,7 @@ def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> 
     record.meta["partitioner_tag"] = "must_be_in_backward"
     return record
 
+# %% ../nbs/11_syncs.ipynb #c868eb0f
 def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> Node:
     "Insert `wait_event(event_ind, stream of node)` right before `node`."
     with graph.inserting_before(node):
@@ -33,25 +35,45 @@ def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> N
     return wait
 
 # %% ../nbs/11_syncs.ipynb #c2b3c990
-@correction(1, "11_syncs", "waits only before the *first* cross-stream consumer of a value: a consumer on a third stream races",
-            "a wait before the first consumer on each other stream")
+class SeedSyncs:
+    "The seed's decisions in `insert_backward_syncs`, one method each; `CorrectedSyncs` overrides those the corrections change."
+    def new_wait(self, consumer: Node, producer: Node, node_to_wait_event_ind: dict, recorded: bool) -> bool:
+        "Does `consumer` get a wait on `producer`'s event? Only if this call just `recorded` it: the first consumer."
+        return recorded
+    def write_after_read(self, gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
+        "Step 3: each in-place writer's `(last user, written tensor)` pairs to wait for: none."
+        return {}
+
+# %% ../nbs/11_syncs.ipynb #9ae0f753
+class CorrectedSyncs(SeedSyncs):
+    "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
+    @correction(1, "11_syncs", "waits only before the *first* cross-stream consumer of a value: a consumer on a third "
+                "stream races", "a wait before the first consumer on each other stream")
+    def new_wait(self, consumer: Node, producer: Node, node_to_wait_event_ind: dict, recorded: bool) -> bool:
+        # A wait covers every later node of its stream; a consumer on another stream needs its own wait.
+        waiting = (producer, get_stream(consumer))
+        if waiting in node_to_wait_event_ind: return False
+        node_to_wait_event_ind[waiting] = node_to_wait_event_ind[producer]
+        return True
+    @correction(10, "11_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams",
+                "write-after-read syncs: the writer waits for the last use on each other stream")
+    def write_after_read(self, gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]: return _war_syncs(gm)
+
+# %% ../nbs/11_syncs.ipynb #6fbfe6d0
+def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
+    "The seed's `insert_sync`, asking `p` whether `consumer` gets a wait."
+    recorded = producer not in node_to_wait_event_ind
+    if recorded:
+        node_to_wait_event_ind[producer] = new_event()
+        insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
+    if p.new_wait(consumer, producer, node_to_wait_event_ind, recorded):
+        insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+
+# %% ../nbs/11_syncs.ipynb #7fc2f6cb
 def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict, *,
                 upstream: bool = False) -> None:
     "Make `consumer` wait for `producer`: one record per producer, one wait per consumer stream (seed: first consumer only)."
-    if upstream:   # the seed: both inserts happen only for the producer's first cross-stream consumer
-        if producer not in node_to_wait_event_ind:
-            node_to_wait_event_ind[producer] = new_event()
-            insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
-            insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
-        return
-    if producer not in node_to_wait_event_ind:
-        node_to_wait_event_ind[producer] = new_event()
-        insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
-    # A wait covers every later node of its stream; a consumer on another stream needs its own wait.
-    waiting = (producer, get_stream(consumer))
-    if waiting not in node_to_wait_event_ind:
-        node_to_wait_event_ind[waiting] = node_to_wait_event_ind[producer]
-        insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+    _insert_sync(SeedSyncs() if upstream else CorrectedSyncs(), graph, consumer, producer, node_to_wait_event_ind)
 
 # %% ../nbs/11_syncs.ipynb #e158b314
 def _written_args(node: Node) -> list[Node]:
@@ -66,8 +88,6 @@ def _written_args(node: Node) -> list[Node]:
     return out
 
 # %% ../nbs/11_syncs.ipynb #d4adfe8d
-@correction(10, "11_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams",
-            "write-after-read syncs: the writer waits for the last use on each other stream")
 def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
     "For each backward in-place writer: `(last user, tensor)` for each other stream that used the written tensor before it."
     bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and n.target not in OPS]
@@ -99,6 +119,7 @@ def _crosses_streams(consumer: Node, producer: Node) -> bool:
     "The seed's test for a (consumer, producer) edge that may need a sync, before the device check."
     return producer.op == "call_function" and is_bwd_node(producer) and get_stream(producer) != get_stream(consumer)
 
+# %% ../nbs/11_syncs.ipynb #6fa2a49e
 def _val_readers(gm: GraphModule) -> set[Node]:
     "The nodes whose `meta['val']` `insert_backward_syncs` reads."
     need = set()
@@ -115,8 +136,8 @@ def _val_readers(gm: GraphModule) -> set[Node]:
 # %% ../nbs/11_syncs.ipynb #b649a599
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
-    # writer -> [(last user on another stream, written tensor)], found before any insertion; the seed has none
-    war = {} if upstream else _war_syncs(gm)
+    p = SeedSyncs() if upstream else CorrectedSyncs()
+    war = p.write_after_read(gm)   # found before any insertion
     if not begin_pass(gm, "insert_backward_syncs", need_val=_val_readers(gm) | _war_val_readers(war)): return
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
@@ -124,7 +145,7 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
         if node.op == "call_function" and is_bwd_node(node):
             for arg in flat_args(node):
                 if _crosses_streams(node, arg) and get_device(arg).type != "cpu":
-                    insert_sync(gm.graph, node, arg, node_to_wait_event_ind, upstream=upstream)
-            for user, tensor in war.get(node, ()):   # default only: a write waits for earlier uses on other streams
+                    _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind)
+            for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":
-                    insert_sync(gm.graph, node, user, node_to_wait_event_ind)
+                    _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind)

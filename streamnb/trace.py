@@ -19,14 +19,17 @@ __all__ = ['SYNC_TID_OFFSET', 'HOST_TID', 'check_no_overlap', 'to_chrome_trace',
 # %% ../nbs/06_trace.ipynb #d8345e3a
 def _us(ms: float) -> float: return round(ms * 1000.0, 3)   # µs with ns precision, like Kineto
 
+# %% ../nbs/06_trace.ipynb #a2e817ee
 def _dur(start: float, end: float) -> float:
     "Duration in µs from the *rounded* ends, so back-to-back spans stay back to back after rounding."
     return round(_us(end) - _us(start), 3)
 
+# %% ../nbs/06_trace.ipynb #8e63bcb9
 def _tid(stream: int | None, sync: bool) -> int:
     if stream is None: return HOST_TID
     return stream + SYNC_TID_OFFSET if sync else stream
 
+# %% ../nbs/06_trace.ipynb #80b256f4
 def _meta(pid: int, name: str, tl: Timeline) -> list[dict]:
     ev = [dict(ph="M", name="process_name", pid=pid, tid=0, args=dict(name=name)),
           dict(ph="M", name="process_sort_index", pid=pid, tid=0, args=dict(sort_index=pid))]
@@ -39,6 +42,7 @@ def _meta(pid: int, name: str, tl: Timeline) -> list[dict]:
         ev.append(dict(ph="M", name="thread_sort_index", pid=pid, tid=tid, args=dict(sort_index=tid)))
     return ev
 
+# %% ../nbs/06_trace.ipynb #cc979bba
 def check_no_overlap(events: list[dict]) -> None:
     "Raise ValueError if two complete events on one (pid, tid) track overlap (Perfetto would drop one)."
     tracks: dict = {}
@@ -50,6 +54,7 @@ def check_no_overlap(events: list[dict]) -> None:
             if b["ts"] < a["ts"] + a["dur"] - 1e-6:
                 raise ValueError(f"track {key}: {a['name']} [{a['ts']}, +{a['dur']}] overlaps {b['name']} at {b['ts']}")
 
+# %% ../nbs/06_trace.ipynb #7d8449d3
 def to_chrome_trace(timeline: Timeline, *, pid: int = 1000, name: str | None = None) -> dict:
     "The timeline as a Kineto-shaped Chrome trace: {'traceEvents': [...], 'displayTimeUnit': 'ms'}."
     tl = timeline
@@ -75,6 +80,7 @@ def to_chrome_trace(timeline: Timeline, *, pid: int = 1000, name: str | None = N
     check_no_overlap(ev)
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
+# %% ../nbs/06_trace.ipynb #958b5733
 def write_chrome_trace(path: str | Path, *timelines: Timeline) -> dict:
     "Write one trace holding all `timelines` (pid 1000, 1001, ...) to `path`; open it in ui.perfetto.dev."
     events = []

@@ -1,7 +1,7 @@
 """Tests for streamnb.assign: gradient-accumulation streams and epilogue-copy streams."""
 import pytest
 
-from streamnb.examples import acc_exercise
+from streamnb.course import acc_exercise
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)

@@ -1,4 +1,5 @@
-"""streamnb.choosing (issue 13): the three baselines and streamnb's assignment, the fewest syncs, the table's claims."""
+"""streamnb.strategies, streamnb.minsync and streamnb.choosing (issue 13): the three baselines and streamnb's
+assignment, the fewest syncs, the table's claims."""
 from __future__ import annotations
 
 import functools
@@ -9,11 +10,13 @@ import pytest
 from torch.testing import assert_close
 
 from streamnb.capturing import capture, eager
-from streamnb.choosing import (STRATEGIES, AssignError, assign_streams, compute_dag, count_syncs, critical_path,
-                               critical_path_round_robin, fewest_syncs_exercise, judge, judge_one, max_matching,
-                               min_chain_cover, minimize_syncs, process_capture, reachability, redundant_wait_graph,
-                               redundant_waits, run_passes_fewest_syncs, table_graphs, transitive_reduction,
+from streamnb.choosing import (STRATEGIES, assign_streams, judge, judge_one, process_capture, table_graphs,
                                without_syncs)
+from streamnb.exercises import count_syncs
+from streamnb.minsync import (fewest_syncs_exercise, minimize_syncs, redundant_wait_graph, redundant_waits,
+                              run_passes_fewest_syncs)
+from streamnb.strategies import (AssignError, Dag, compute_dag, critical_path, critical_path_round_robin, max_matching,
+                                 min_chain_cover, reachability, transitive_reduction)
 from streamnb.examples import STREAM_MODELS, backward_like, make_model
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, aten, get_stream, streams, use_registry
 from streamnb.pipeline import run_stream_passes
@@ -68,7 +71,6 @@ def test_reduction_matching_and_cover_against_networkx(seed):
     g = nx.DiGraph(); g.add_nodes_from(range(n)); g.add_edges_from(edges)
     succs = [[j for i2, j in edges if i2 == i] for i in range(n)]
     preds = [[i for i, j2 in edges if j2 == j] for j in range(n)]
-    from streamnb.choosing import Dag
     dag = Dag([None] * n, preds, succs, [1.0] * n, {})
     meg = transitive_reduction(dag)
     assert {(u, v) for u in range(n) for v in meg[u]} == set(nx.transitive_reduction(g).edges)
@@ -266,7 +268,7 @@ def test_the_estimate_streamnb_judges_is_the_tables():
     assert abs(best * 1e3 - row.contention_us) < 1e-6 * row.contention_us
 
 
-# ---- the chapter's exercise (nbs/21_choosing_streams.ipynb) ---------------------------------------------------------
+# ---- the chapter's exercise (nbs/21a_fewest_syncs.ipynb) -------------------------------------------------------------
 
 def test_exercise_solution_is_ok():
     from streamnb.exercises import remove

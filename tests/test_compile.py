@@ -18,7 +18,8 @@ from functorch.compile import aot_function, aot_module, make_boxed_func
 from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index
 
 import oracle
-from streamnb.capturing import TORCH_STREAM_PASSES, capture, eager, run_graph
+from streamnb.capturing import capture, eager, run_graph
+from streamnb.pipeline import STREAM_PASSES
 from streamnb.compiling import (DynamoRegistry, UnsupportedTorchError, canonical_modulo_inputs,
                                 check_call_sites, executor_backend, use_streamnb_passes, values_on)
 from streamnb.examples import STREAM_MODELS, make_model, two_stream_fn
@@ -30,7 +31,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def torch_passes_in_place() -> bool:
-    return all(getattr(GC, n) is getattr(torch_streams, n) for n in TORCH_STREAM_PASSES)
+    return all(getattr(GC, n) is getattr(torch_streams, n) for n in STREAM_PASSES)
 
 
 S1, S2 = torch.Stream(device="cpu"), torch.Stream(device="cpu")
@@ -90,10 +91,10 @@ def annotated_streams(gm) -> set[int]:
 def test_patches_the_call_sites_and_restores_them():
     assert torch_passes_in_place()
     with use_streamnb_passes() as sw:
-        assert all(getattr(GC, n).__qualname__ == f"use_streamnb_passes.{n}" for n in TORCH_STREAM_PASSES)
+        assert all(getattr(GC, n).__qualname__ == f"use_streamnb_passes.{n}" for n in STREAM_PASSES)
         with use_streamnb_passes(upstream=True):          # nested: the inner one's, then the outer one's again
             assert GC.sync_deallocations.__qualname__ == "use_streamnb_passes.sync_deallocations"
-        assert all(getattr(GC, n).__qualname__.startswith("use_streamnb_passes.") for n in TORCH_STREAM_PASSES)
+        assert all(getattr(GC, n).__qualname__.startswith("use_streamnb_passes.") for n in STREAM_PASSES)
     assert torch_passes_in_place() and sw.graphs == []
 
 
@@ -360,7 +361,7 @@ def pytorch_own_passes(joints: list):
             with values_on(gm, "meta"): return run(gm, *a)
         return p
     with oracle.torch_env(mod, DynamoCounter()), contextlib.ExitStack() as st:
-        for n in TORCH_STREAM_PASSES: st.enter_context(mock.patch.object(GC, n, wrap(n)))
+        for n in STREAM_PASSES: st.enter_context(mock.patch.object(GC, n, wrap(n)))
         yield
 
 

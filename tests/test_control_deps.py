@@ -14,7 +14,7 @@ from torch._functorch._aot_autograd import streams as torch_streams
 import graphgen
 
 SEED_FAILS = pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"), id="upstream")
-from streamnb.examples import control_deps_exercise
+from streamnb.course import control_deps_exercise
 from streamnb.control_deps import EmptyGraphError, wrap_all_sync_nodes_with_control_deps as wrap
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, StreamAnnotationError, StreamnbError,
                             StreamRegistry, UnknownEventError, canonical, get_stream, is_control_deps, use_registry)

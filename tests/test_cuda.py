@@ -1,4 +1,5 @@
-"""streamnb.cuda: the executor's dispatch on the CPU (a fake backend that logs), and the GPU demos on CUDA.
+"""streamnb.cuda and streamnb.cuda_demos: the executor's dispatch on the CPU (a fake backend that logs), and the GPU
+demos on CUDA.
 
 The CPU tests run everywhere. The CUDA tests are skipped without a GPU; they check numbers, never times.
 """
@@ -11,8 +12,8 @@ from torch.fx import GraphModule
 
 from streamnb.graph import GraphBuilder, StreamRegistry, StreamnbError, UnknownEventError, streams, use_registry
 from streamnb.simulator import Timeline
-from streamnb.cuda import (FakeBackend, StreamInterpreter, compare_timelines, measure, measure_capture, memory_demo,
-                           overlap_demo, processed, race_demo, run, run_capture)
+from streamnb.cuda import FakeBackend, StreamInterpreter, compare_timelines, measure, measure_capture, run, run_capture
+from streamnb.cuda_demos import memory_demo, overlap_demo, processed, race_demo
 from streamnb.examples import make_model, matmul_chains, missing_wait_graph, side_stream_last_use
 
 aten = torch.ops.aten
@@ -359,11 +360,11 @@ def test_cuda_run_capture_matches_capture_run(name):
 
 
 def test_every_cuda_cell_says_gpu_and_follows_its_estimate():
-    """19_cuda: each `#| cuda` cell says its output comes from a GPU run, and the code cell before it (not a cuda cell)
+    """19a_cuda_demos: each `#| cuda` cell says its output comes from a GPU run, and the code cell before it (not a cuda cell)
     prints the simulator's estimate for the same demo."""
     import json
     from pathlib import Path
-    cells = [c for c in json.loads((Path(__file__).parent.parent / "nbs" / "19_cuda.ipynb").read_text())["cells"]
+    cells = [c for c in json.loads((Path(__file__).parent.parent / "nbs" / "19a_cuda_demos.ipynb").read_text())["cells"]
              if c["cell_type"] == "code"]
     src = ["".join(c["source"]) for c in cells]
     is_cuda = ["#| cuda" in s.splitlines()[:2] for s in src]

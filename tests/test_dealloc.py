@@ -10,7 +10,7 @@ import torch._functorch._aot_autograd.streams as torch_streams
 import torch.utils._runtime_estimation as rt
 from streamnb.cost import get_device_spec
 from streamnb.dealloc import handle_synced_deallocation, populate_stream_timeline, sync_deallocations
-from streamnb.examples import dealloc_exercise, long_side_read
+from streamnb.course import dealloc_exercise, long_side_read
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamnbError, StreamRegistry, canonical, get_current_stream, get_stream, new_event,
                             use_registry)
@@ -372,10 +372,10 @@ def test_upstream_matches_torch_on_generated_graphs(recipe, mechanism):
 @pytest.mark.parametrize("seed", range(10))
 def test_all_timelines_in_one_walk_equal_the_seeds_per_stream_walks(seed):
     import graphgen
-    from streamnb.dealloc import _all_stream_timelines
+    from streamnb.dealloc import CorrectedDealloc
     from streamnb.graph import get_stream
     gm = graphgen.random_backward_graph(seed, n_nodes=40)
-    one = _all_stream_timelines(gm.graph, "H100")
+    one = CorrectedDealloc(device="H100").timelines(gm.graph)
     for s in {get_stream(n) for n in gm.graph.nodes}:
         per = populate_stream_timeline({}, gm.graph, s)
         assert dict(one.get(s, {})) == dict(per)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from loads import modules_loaded_by
 from streamnb.examples import running_example
 from streamnb.graph import StreamRegistry, canonical, get_stream, is_gradient_acc, use_registry
 from streamnb.pipeline import run_stream_passes
@@ -74,3 +75,8 @@ def test_streamnb_timeline_is_clean_at_no_cost(seed, ours):
     assert (to.unordered_reads, to.unsafe_frees) == ([], [])
     assert to.spans["wo_grad"][1] >= to.spans["scale_grad"][2]         # now ordered after its producer
     assert to.makespan <= ts.makespan * 1.01                           # the corrections cost (almost) nothing here
+
+
+def test_examples_import_only_the_graph():
+    "The shared examples sit low (the chapters' exercises, which use the passes, are in `streamnb.course`)."
+    assert modules_loaded_by("examples") == {"examples", "graph"}

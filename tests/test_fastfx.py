@@ -1,19 +1,25 @@
 """The FX fast path (`streamnb.fastfx`) against FX's public path: the passes give the same graphs, the same subgraph
-modules (class, attributes, code) and the same node metadata with the fast path on and off."""
+modules (class, attributes, code) and the same node metadata with the fast path on and off; a torch whose private FX
+names differ gets the public path, and the reason."""
 import gc
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from torch.fx import GraphModule
+import torch.fx._lazy_graph_module
+from torch.fx import Graph
+from torch.fx.graph import _Namespace
 
 import graphgen
 from streamnb import fastfx
-from streamnb.capturing import capture
-from streamnb.examples import MODELS, make_model
 from streamnb.graph import StreamRegistry, canonical, use_registry
 from streamnb.pipeline import run_stream_passes
+
+# the equivalence tests compare the fast path with the public one: with the fast path off they say why they skip
+needs_fast = pytest.mark.skipif(not fastfx.FAST, reason=f"the fast path is off: {fastfx.FAST_OFF_REASON}")
 
 
 def _module_state(m):
@@ -34,7 +40,7 @@ def _run(seed, fast, upstream, monkeypatch):
     return canonical(gm), subs, metas, gm.code, names
 
 
-@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
+@needs_fast
 @pytest.mark.parametrize("upstream", [False, True])
 @pytest.mark.parametrize("seed", range(12))
 def test_fast_path_builds_what_the_public_path_builds(seed, upstream, monkeypatch):
@@ -44,6 +50,79 @@ def test_fast_path_builds_what_the_public_path_builds(seed, upstream, monkeypatc
 def test_fast_path_is_off_on_other_torch_versions(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert not fastfx.fast_path_enabled()
+    assert "9.9.9" in fastfx._load()[1]
+
+
+def _drop_instance_attr(name):
+    "Graph instances without `name` (an attribute FX sets in `Graph.__init__`)."
+    init = Graph.__init__
+    def without(self, *a, **k):
+        init(self, *a, **k)
+        delattr(self, name)
+    return lambda mp: mp.setattr(Graph, "__init__", without)
+
+
+# every private name `_load` reaches, removed one at a time: (how to remove it, the name the reason must give)
+REMOVALS = [(lambda mp: mp.delattr(torch.fx._lazy_graph_module, "_LazyGraphModule"), "_LazyGraphModule"),
+            (lambda mp: mp.delattr(Graph, "_target_to_str"), "_target_to_str"),
+            (_drop_instance_attr("_insert"), "_insert"),
+            (lambda mp: mp.delattr(_Namespace, "create_name"), "create_name"),
+            (lambda mp: mp.delattr(_Namespace, "associate_name_with_obj"), "associate_name_with_obj"),
+            (lambda mp: mp.delattr(torch.fx._lazy_graph_module._LazyGraphModule, "_lazy_forward"), "_lazy_forward"),
+            (_drop_instance_attr("_graph_namespace"), "_graph_namespace"),
+            (_drop_instance_attr("_find_nodes_lookup_table"), "_find_nodes_lookup_table"),
+            (_drop_instance_attr("_len"), "_len")]
+
+
+@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is off: {fastfx.FAST_OFF_REASON}")
+@pytest.mark.parametrize("remove,name", REMOVALS, ids=[n for _, n in REMOVALS])
+def test_a_missing_private_name_turns_the_fast_path_off_and_says_which(remove, name, monkeypatch):
+    remove(monkeypatch)
+    names, reason = fastfx._load()
+    assert names is None and name in reason
+
+
+def test_a_renamed_private_name_leaves_import_and_the_public_path_working():
+    """In a fresh process where `_LazyGraphModule` is gone from its module (torch's own users keep the class, as they
+    would after a rename), `import streamnb` works, the fast path is off with the reason, and `run_stream_passes`
+    gives what it gives with the fast path on: the same graph, node names, subgraphs and code."""
+    script = textwrap.dedent("""
+        import sys
+        import torch.fx._lazy_graph_module as lgm
+        import torch._inductor.fx_passes.control_dependencies   # takes the class by its name at import, as torch does
+        Lazy = lgm._LazyGraphModule
+        if sys.argv[1] == "remove": del lgm._LazyGraphModule
+        import graphgen, oracle
+        import streamnb
+        from streamnb import fastfx
+        from streamnb.graph import StreamRegistry, canonical, use_registry
+        print(fastfx.FAST, fastfx.FAST_OFF_REASON)
+        gm = oracle.copy_gm(graphgen.random_backward_graph(3, n_nodes=60), cls=Lazy)
+        with use_registry(StreamRegistry(start=100, current_stream=0)): streamnb.run_stream_passes(gm)
+        print(repr(canonical(gm)), gm.code, *[(n, type(m).__qualname__, m.code) for n, m in gm.named_children()])
+    """)
+    tests = Path(__file__).resolve().parent
+    def run(arg):
+        p = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, cwd=tests, timeout=300,
+                           env={**__import__("os").environ, "PYTHONPATH": str(tests)})
+        assert p.returncode == 0, p.stderr
+        return p.stdout.split("\n", 1)
+    (on, normal), (off, public) = run("keep"), run("remove")
+    assert on == "True " and off.startswith("False ") and "_LazyGraphModule" in off
+    assert "control_deps" in normal and public == normal
+
+
+@needs_fast
+def test_global_module_registration_hooks_see_every_subgraph(monkeypatch):
+    "The fast path registers each subgraph module through `setattr`, so a global registration hook sees it as on FX's."
+    def registered(fast):
+        seen = []
+        handle = torch.nn.modules.module.register_module_module_registration_hook(lambda m, n, sub: seen.append(n))
+        try: _run(5, fast, False, monkeypatch)
+        finally: handle.remove()
+        return seen
+    fast = registered(True)
+    assert fast and fast == registered(False)
 
 
 def test_pipeline_restores_the_garbage_collector_also_on_error():
@@ -54,83 +133,3 @@ def test_pipeline_restores_the_garbage_collector_also_on_error():
     with pytest.raises(Exception, match=node.name):
         run_stream_passes(gm)
     assert gc.isenabled()
-
-
-def test_module_caches_do_not_grow_with_the_graphs():
-    "fastfx caches one name per op, not per node: a pipeline run leaves no growing global state."
-    def run(n):
-        gm = graphgen.random_backward_graph(0, n_nodes=n)
-        with use_registry(StreamRegistry(start=100, current_stream=0)):
-            run_stream_passes(gm)
-    run(200)
-    size = len(fastfx._TARGET_NAMES)
-    run(400)
-    assert len(fastfx._TARGET_NAMES) == size
-
-
-def test_split_name_is_fx_name_regex():
-    "`_split_name` gives what FX's `_name_regex` gives (base, number) on generated names, or None where it fails."
-    import random
-    import re
-    from torch.fx.graph import _name_regex
-    rng = random.Random(0)
-    alphabet = "ab_Z0129.é-１"
-    for _ in range(20000):
-        c = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
-        m = _name_regex.match(c) if re.fullmatch(r"[0-9a-zA-Z_]*", c) else None   # else: FX's create_name, which
-        want = None if m is None else (m.group(1), None if m.group(2) is None else int(m.group(2)))   # replaces first
-        assert fastfx._split_name(c) == want, c
-
-
-def _same_code(a, b):
-    return (a.src, a.globals, a._lineno_map, a._prologue_start) == (b.src, b.globals, b._lineno_map, b._prologue_start)
-
-
-def _emitted_is_fx(gm):
-    "streamnb's emitter handles `gm`'s graph itself (no fallback) and writes what FX writes."
-    return _same_code(fastfx._emit(gm.graph, "self"), gm.graph.python_code(root_module="self"))
-
-
-@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
-@settings(max_examples=60, deadline=None)
-@given(graphgen.graphs(), st.booleans())
-def test_python_code_is_fx_on_generated_graphs(gm, upstream):
-    assert _emitted_is_fx(gm)
-    with use_registry(StreamRegistry(start=100, current_stream=0)):
-        run_stream_passes(gm, upstream=upstream)
-    assert _emitted_is_fx(gm)
-
-
-@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
-@pytest.mark.parametrize("seed", range(3))
-def test_python_code_is_fx_on_random_dags(seed):
-    gm = graphgen.random_dag_graph(seed, n_ops=300)
-    with use_registry(StreamRegistry(start=100, current_stream=0)):
-        run_stream_passes(gm)
-    assert _emitted_is_fx(gm)
-
-
-@pytest.mark.skipif(not fastfx.fast_path_enabled(), reason=f"the fast path is written for torch {fastfx.FAST_FX_TORCH}")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.parametrize("name", MODELS)
-def test_python_code_is_fx_on_real_models(name):
-    "AOTAutograd's joint graph (pytree CodeGen), processed, and its forward and backward after partitioning."
-    model, inputs = make_model(name)
-    cap = capture(model, *inputs)
-    done = cap.process()
-    for gm in (cap.joint, done.joint, done.forward, done.backward):
-        assert _emitted_is_fx(gm)
-
-
-def test_recompile_is_gm_recompile_and_leaves_the_graph_alone(monkeypatch):
-    gm = graphgen.random_backward_graph(3, n_nodes=40)
-    with use_registry(StreamRegistry(start=100, current_stream=0)):
-        run_stream_passes(gm)   # the wrap pass ends with fastfx.recompile
-    code = gm.code
-    gm.recompile()
-    assert gm.code == code and "python_code" not in vars(gm.graph)
-    def broken(self): raise RuntimeError("recompile failed")
-    monkeypatch.setattr(GraphModule, "recompile", broken)
-    with pytest.raises(RuntimeError, match="recompile failed"):
-        fastfx.recompile(gm)
-    assert "python_code" not in vars(gm.graph)   # the graph's own python_code again, also on error

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
-from streamnb.examples import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
+from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
 

@@ -1,12 +1,12 @@
-"""One pytest test per notebook, so that a broken notebook fails pytest too (CPU cells only)."""
-from pathlib import Path
-
+"""One pytest test per notebook, so that a broken notebook fails pytest too (CPU cells only). These are the notebooks
+`nbdev_test` runs, with its skip flags; `tools/test.sh` relies on this and runs no separate `nbdev_test`."""
 import pytest
 from nbdev.config import get_config
+from nbdev.doclinks import nbglob
 import nbdev.test as nbtest  # not `from nbdev.test import test_nb`: pytest would collect it
 
 _cfg = get_config()
-_nbs = sorted(p for p in Path(_cfg.nbs_path).glob("*.ipynb") if not p.name.startswith("_"))
+_nbs = sorted(nbglob(as_path=True))   # nbdev_test's own search: nbs_path, recursive, `_`/`.` names skipped
 
 
 @pytest.mark.parametrize("nb", _nbs, ids=[p.name for p in _nbs])

@@ -279,12 +279,25 @@ def test_harness_can_fail():
     assert oracle.mismatch(ref, bad) is not None
 
 
-def test_one_list_of_the_passes():
-    """streamnb keeps one list of the pass names (graph.PIPELINE_ORDER, plus the metadata pass for the call sites); the
-    oracle, which must not import streamnb to judge it, names the same passes, and torch's graph_capture calls them all."""
+def test_one_table_of_the_passes():
+    """streamnb runs every pass from one table (pipeline.STREAM_PASSES: graph.PIPELINE_ORDER's joint-graph passes, then
+    the metadata pass); it names the passes the installed torch's graph_capture calls, in torch's order (the oracle
+    reads them from torch's source, never from streamnb, which it judges)."""
     import torch._functorch._aot_autograd.graph_capture as GC
-    from streamnb.capturing import TORCH_STREAM_PASSES
     from streamnb.graph import PIPELINE_ORDER
-    assert oracle.PIPELINE == PIPELINE_ORDER
-    assert TORCH_STREAM_PASSES == (*PIPELINE_ORDER, "populate_fw_metadata_with_stream_indices")
-    assert all(callable(getattr(GC, n, None)) for n in TORCH_STREAM_PASSES)
+    from streamnb.pipeline import STREAM_PASSES
+    assert oracle.PIPELINE == PIPELINE_ORDER == tuple(STREAM_PASSES)[:-1]
+    assert list(STREAM_PASSES)[-1] == "populate_fw_metadata_with_stream_indices"
+    assert all(callable(getattr(GC, n, None)) for n in STREAM_PASSES)
+
+
+def test_torch_pipeline_reads_the_call_order():
+    "The oracle's list follows torch's calls: a torch that moved a pass, or called a non-pass on the graph."
+    from unittest import mock
+    import torch._functorch._aot_autograd.graph_capture as GC
+    def aot_dispatch_autograd_graph(fx_g):
+        insert_backward_syncs(fx_g); copy_fwd_metadata_to_bw_nodes(fx_g); assign_backward_streams(fx_g)  # noqa: F821
+    with mock.patch.object(GC, "aot_dispatch_autograd_graph", aot_dispatch_autograd_graph):
+        assert oracle.torch_pipeline() == ("insert_backward_syncs", "assign_backward_streams")
+    with pytest.raises(ValueError, match="pipeline order"):
+        oracle.run_streamnb(cross_stream(), ("insert_backward_syncs", "assign_backward_streams"))

@@ -36,10 +36,10 @@ def run(gm, **kw):
 
 @pytest.fixture
 def calls(monkeypatch):
-    "Replace every pass in streamnb.pipeline's namespace by a recorder."
+    "Replace every pass in streamnb.pipeline's table by a recorder."
     got = []
     for name in ORDER:
-        monkeypatch.setattr(pipeline, name, lambda *a, _n=name, **k: got.append((_n, a, k)))
+        monkeypatch.setitem(pipeline.STREAM_PASSES, name, lambda *a, _n=name, **k: got.append((_n, a, k)))
     return got
 
 
@@ -57,6 +57,19 @@ def test_no_metadata_pass_without_fw_metadata(calls):
     run_stream_passes(running_example())
     assert [c[0] for c in calls] == ORDER[:-1]
     assert all(c[2]["upstream"] is False for c in calls)
+
+
+def test_passes_and_steps(calls):
+    "`passes` picks from the table and keeps its order; an `after` step runs right after its pass, only if it ran."
+    gm, steps = running_example(), []
+    step = lambda name: (lambda g: steps.append((name, len(calls), g)))
+    run_stream_passes(gm, passes=["sync_deallocations", "assign_backward_streams"],
+                      after={"assign_backward_streams": step("a"), "insert_backward_syncs": step("i")})
+    assert [c[0] for c in calls] == ["assign_backward_streams", "sync_deallocations"]
+    assert steps == [("a", 1, gm)]
+    for bad in (dict(passes=["minimize_syncs"]), dict(after={"populate_fw_metadata_with_stream_indices": print})):
+        with pytest.raises(pipeline.StreamnbError, match="unknown joint-graph pass"): run_stream_passes(gm, **bad)
+    with pytest.raises(pipeline.StreamnbError, match="unknown stream pass"): pipeline.run_pass(gm, "assign_streams")
 
 
 def test_processed_graph():
@@ -198,7 +211,7 @@ def test_order_exercise_solution_and_wrong_answers():
     from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
     from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
     from streamnb.dealloc import sync_deallocations
-    from streamnb.examples import pipeline_exercise
+    from streamnb.course import pipeline_exercise
     from streamnb.syncs import insert_backward_syncs
     ex = pipeline_exercise()                                   # 15_pipeline's exercise, as the chapter exports it
 

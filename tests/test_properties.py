@@ -82,15 +82,12 @@ def test_reorder_unsafe_with_the_seeds_wrap():
     # the same graphs with the seed's wrap (every other pass at its default) are flagged: the test above can fail
     from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps
     import streamnb.pipeline as pl
+    from unittest import mock
     kinds = set()
-    orig = pl.wrap_all_sync_nodes_with_control_deps
-    try:
-        pl.wrap_all_sync_nodes_with_control_deps = lambda gm, upstream=False: wrap_all_sync_nodes_with_control_deps(
-            gm, upstream=True)
+    seeds_wrap = lambda gm, upstream=False: wrap_all_sync_nodes_with_control_deps(gm, upstream=True)
+    with mock.patch.dict(pl.STREAM_PASSES, {"wrap_all_sync_nodes_with_control_deps": seeds_wrap}):   # the pass table
         for seed in range(60):
             kinds.update(sanitize(processed(dict(seed=seed, n_streams=3)), reorder=True).kinds)
-    finally:
-        pl.wrap_all_sync_nodes_with_control_deps = orig
     assert "reorderable" in kinds
 
 

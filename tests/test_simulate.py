@@ -324,7 +324,8 @@ def test_seed_defects_show_up_and_the_corrected_passes_are_clean():
 # ---- contention: kernels that overlap share the device (issue 13 item 1) ------------------------------------
 
 from streamnb.cost import DEVICE_SPECS, get_roofline_estimate  # noqa: E402
-from streamnb.simulator import Demand, fair_level, kernel_demand, occupancy, us  # noqa: E402
+from streamnb.contention import Demand, fair_level, kernel_demand, occupancy  # noqa: E402
+from streamnb.simulator import us  # noqa: E402
 
 
 def pair(cost_a, cost_b, same_stream=False, shapes=((4, 4), (4, 4)), ops=(aten.neg.default, aten.neg.default),
@@ -472,6 +473,10 @@ def test_chapter_pictures_support_the_prose():
     assert [s.end for s in rs.syncs if s.op == "record_stream"] == [pytest.approx(us(5))]
     (dw,) = [w for w in sd.waits if w.op == "sync_dealloc"]
     assert (dw.stream, dw.start, dw.end) == (0, pytest.approx(us(1)), pytest.approx(us(5))) and sd.unsafe_frees == []
+
+
+def test_contention_chapter_picture_supports_the_prose():
+    "nbs/04a_contention.ipynb's picture."
     # "free overlap vs contention: the big branches take (a hair more than) twice as long, the small ones are untouched"
     b = GraphBuilder()
     outs = []

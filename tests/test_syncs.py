@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from streamnb.examples import sync_exercise
+from streamnb.course import sync_exercise
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
