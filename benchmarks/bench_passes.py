@@ -46,11 +46,6 @@ Checks and extra measurements:
   run untimed on another copy); the torch 2.13 row's output is compared with the seed's too (they differ only on
   wait_stream, which these shapes do not have).
 * flatness: with several --sizes, us/node at the largest size over us/node at the smallest, per row and kind.
-* plain-kind ceiling: at the largest size, the codegen of each streamnb row's plain-kind output, timed alone: the
-  source written by FX's `graph.python_code` and by streamnb's `fastfx.python_code` (the same source, asserted; the
-  plain kind's `recompile` uses streamnb's), and `compile()` of it. Torch's plain total over streamnb's codegen is
-  the ratio a pipeline whose passes cost nothing could reach; over it plus the row's lazy total, what these passes
-  reach when the codegen follows them.
 * peak memory: a separate, untimed run per row at the largest size (lazy kind) under `tracemalloc` (Python's
   allocations: peak above the start of the run, in MiB). tracemalloc slows the run, hence its own run.
   --no-memory skips it.
@@ -276,31 +271,6 @@ def best_runs(base: GraphModule, kind: str, repeat: int, keep: set) -> dict:
     return res
 
 
-def fx_codegen(gm: GraphModule) -> tuple[float, float, float]:
-    """The main graph's codegen, timed alone, in seconds: (FX's `graph.python_code`, streamnb's `fastfx.python_code`,
-    `compile()` of the source). Both write the same source (tests/test_fastfx.py); the plain kind uses streamnb's."""
-    from streamnb import fastfx
-    gc.collect()
-    t0 = time.perf_counter()
-    src = gm.graph.python_code(root_module="self").src
-    t1 = time.perf_counter()
-    ours = getattr(fastfx, "python_code", lambda g: g.python_code(root_module="self"))(gm.graph).src   # (older exports: FX's)
-    t2 = time.perf_counter()
-    compile(src, "<fx codegen>", "exec")
-    assert ours == src, "fastfx.python_code wrote other code than FX"
-    return t1 - t0, t2 - t1, time.perf_counter() - t2
-
-
-def fmt_ceiling(r: dict, lazy_total: float | None) -> str:
-    """The plain-kind bound for row `r`: torch's plain total over the codegen of the row's output (passes free), and
-    over that plus the row's lazy total."""
-    fx, ours, co = r["fx_codegen"]
-    with_passes = f"; with this row's lazy passes ({lazy_total:.2f} s) {r['ref'] / (lazy_total + ours + co):.2f}x" if lazy_total else ""
-    return (f"{r['shape']:<9}{r['size']:>7} {r['row']:<18} out {r['out']:>7}: python_code FX {fx:.2f} s, streamnb {ours:.2f} s; "
-            f"compile() {co:.2f} s; torch {r['ref']:.2f} s over streamnb's codegen: {r['ref'] / (ours + co):.2f}x "
-            f"(over FX's: {r['ref'] / (fx + co):.2f}x){with_passes}")
-
-
 def peak_memory(row: str, base: GraphModule) -> float:
     "Peak Python memory (MiB) of one untimed run of `row` on a lazy copy, above the start of the run."
     gm = copy_as(base, "lazy")
@@ -427,7 +397,7 @@ def main(argv=None) -> int:
         profile(a.shapes[0], max(a.sizes), a.layer, a.profile_out)
         return 0
 
-    results, checks, memory, ceilings = [], [], [], []
+    results, checks, memory = [], [], []
     print("\n" + HEAD, flush=True)
     for shape in a.shapes:
         for size in a.sizes:
@@ -439,24 +409,17 @@ def main(argv=None) -> int:
             for kind in a.kinds:
                 ref = None
                 check = {row for row in ROWS if kind == a.kinds[0] and not a.no_check and row != "streamnb default"}
-                bounds = {row for row in ROWS if kind == "plain" and size == max(a.sizes) and row != "torch 2.13"}
-                runs = best_runs(base, kind, a.repeat, check | bounds)
+                runs = best_runs(base, kind, a.repeat, check)
                 for row in ROWS:
-                    keep, bound = row in check, row in bounds
+                    keep = row in check
                     times, ok, n_out, out = runs.pop(row)
                     if keep: outs[row] = oracle.canonical(out)
                     if row == "torch 2.13": ref = times["total"]
                     r = dict(shape=shape, size=size, kind=kind, row=row, times=times, gc_ok=ok, **{"in": n_in},
                              out=n_out, ref=ref if row != "torch 2.13" else None)
-                    if bound: r["fx_codegen"] = fx_codegen(out)
                     del out
                     results.append(r)
                     print(f"{kind:<6}" + fmt_row(r), flush=True)
-                    if bound:
-                        lazy = next((q["times"]["total"] for q in results if q["kind"] == "lazy" and q["row"] == row
-                                     and q["shape"] == shape and q["size"] == size), None)
-                        ceilings.append(fmt_ceiling(r, lazy))
-                        print("  ceiling " + ceilings[-1], flush=True)
             if not a.no_check:
                 checks.append(f"{shape} {size} ({n_in} in): " + identity(base, outs))
                 print("  " + checks[-1], flush=True)
@@ -480,9 +443,6 @@ def main(argv=None) -> int:
                 print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
                     f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
     if checks: print("\n## identity (canonical form, upstream=True vs PyTorch's seed)\n" + "\n".join(checks))
-    if ceilings: print("\n## plain-kind ceiling: the codegen of each output, timed alone (python_code by FX and by streamnb: the "
-                       "same source; compile()); torch's plain total over it is the ratio passes that cost nothing would reach\n"
-                       + "\n".join(ceilings))
     if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind)\n" + "\n".join(memory))
     print("\n" + describe_code())
     return 0

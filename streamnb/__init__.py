@@ -47,7 +47,7 @@ from .pipeline import run_stream_passes
 from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
 from .trace import to_chrome_trace, write_chrome_trace
-from .sanitizer import Report, SanitizerError, sanitize
+from .sanitizer import Report, Finding, sanitize
 from .capturing import Capture, capture
 from .explainer import Explanation, explain
 from .compiling import DynamoRegistry, UnsupportedTorchError, executor_backend, use_streamnb_passes

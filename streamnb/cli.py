@@ -17,6 +17,11 @@ import matplotlib.pyplot as plt
 from .cost import DEVICE_SPECS
 from .graph import StreamnbError
 from .trace import write_chrome_trace
+from .capturing import capture
+from .choosing import format_table, judge
+from .examples import transformer_block_example
+from .explainer import explain
+from .plot import plot_timeline
 
 # %% auto #0
 __all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignment', 'assign_table', 'parser', 'main']
@@ -76,8 +81,6 @@ def _first_line(e: BaseException) -> str:
 # %% ../nbs/18_cli.ipynb #3f6f6e80
 def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
     "Write the table, one Chrome trace per assignment and a picture of the timelines into `out`; return the files."
-    from streamnb.choosing import format_table
-    from streamnb.plot import plot_timeline
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.txt").write_text(format_table(rows) + "\n", encoding="utf-8")
     traces = []
@@ -90,8 +93,6 @@ def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
 
 def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100") -> tuple[list, dict]:
     "Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21): the rows and the timelines."
-    from streamnb.capturing import capture
-    from streamnb.choosing import judge
     return judge({name: capture(model, *inputs).backward}, side_streams=side_streams, device=device)
 
 # %% ../nbs/18_cli.ipynb #7ab21f8a
@@ -135,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help(); return 2
     matplotlib.use("Agg")
-    from streamnb.examples import transformer_block_example
-    from streamnb.explainer import explain
     t0 = time.perf_counter()
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[{time.perf_counter() - t0:5.1f}s] {m}", file=sys.stderr, flush=True))
     out = Path(args.out)

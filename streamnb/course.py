@@ -59,6 +59,7 @@ def sync_exercise_graph() -> GraphModule:
     c3 = b.op(aten.cos.default, p, stream=2)
     return b.output(p, c0, c2, c3)
 
+# %% ../nbs/11_syncs.ipynb #957b325c
 def sync_exercise():
     "Chapter 11's exercise: make `sync_exercise_graph` race-free by hand; the worked solution is `insert_backward_syncs`."
     return Exercise(title="fewest syncs", start=sync_exercise_graph, solution=lambda gm: insert_backward_syncs(gm),
@@ -140,6 +141,7 @@ def mutating_forward(b=None):
     out = b.op(aten.sin.default, z, stream=2, tag="is_forward")
     return b, (x, y), (new_x, new_y, out)
 
+# %% ../nbs/14_metadata.ipynb #20939c5c
 def with_wrapper() -> GraphModule:
     "The forward, then the runtime wrapper's write-backs `copy_(primals_i, new value)` on the current stream 0."
     b, inputs, outs = mutating_forward()
@@ -163,6 +165,7 @@ def wrapper_exercise_solution(gm: GraphModule) -> GraphModule:
         if s is not None and s != 0: insert(gm, streams.wait_stream.default, 0, s, before=copy)
     return gm
 
+# %% ../nbs/14_metadata.ipynb #060d6591
 def wrapper_exercise():
     "Chapter 14's exercise: make the runtime wrapper's write-back copies (`with_wrapper`) wait for the right streams."
     return Exercise(title="the wrapper's write-back", start=with_wrapper, solution=wrapper_exercise_solution,

@@ -17,7 +17,7 @@ from torch.fx import GraphModule, Node
 from .graph import StreamnbError, is_control_deps
 from .streamops import decode
 from .simulator import simulate
-from .sanitizer import Report, SanitizerError, _sname, sanitize
+from .sanitizer import Report, Finding, _sname, sanitize
 
 # %% auto #0
 __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'work_problems', 'in_words', 'count_syncs', 'makespan_us',
@@ -91,7 +91,7 @@ def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     return out
 
 # %% ../nbs/08_exercises.ipynb #a79361bb
-def in_words(e: SanitizerError) -> str:
+def in_words(e: Finding) -> str:
     "A sanitizer error in one sentence: the nodes, the streams, what can go wrong."
     (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
     if e.kind == "race":

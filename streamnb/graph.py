@@ -42,6 +42,7 @@ def get_stream(node: Node) -> int | None:
         raise StreamAnnotationError(f"node {node.name}: stream annotation {ind!r} is not an int")
     return ind
 
+# %% ../nbs/01_graph.ipynb #2bf32229
 def set_stream(node: Node, ind: int) -> None:
     "Annotate `node` with stream `ind`, updating an existing `custom` dict in place (as the seed does)."
     if isinstance(ind, bool) or not isinstance(ind, int):
@@ -56,10 +57,12 @@ def is_bwd_node(node: Node) -> bool:
     "True if the partitioner will put `node` in the backward graph."
     return node.meta.get("partitioner_tag") in BWD_TAGS
 
+# %% ../nbs/01_graph.ipynb #2deb5282
 def is_gradient_acc(node: Node) -> bool:
     "True for gradient-accumulation nodes (`meta['is_gradient_acc']`)."
     return node.meta.get("is_gradient_acc", False)
 
+# %% ../nbs/01_graph.ipynb #80c13116
 def get_val(node: Node) -> Any:
     "`node.meta['val']`, or a `MissingValError` that names the node."
     try: return node.meta["val"]
@@ -67,6 +70,7 @@ def get_val(node: Node) -> Any:
         raise MissingValError(f"node {node.name} ({node.op} {getattr(node.target, '__name__', node.target)}) has no "
                               "meta['val']; trace the graph with fake or meta tensors so that every value has one") from None
 
+# %% ../nbs/01_graph.ipynb #fe0e2564
 def get_device(node: Node) -> torch.device:
     """The device of the node's value, read from `meta['val']`; for a multi-output node (a tuple `val`, such as
     `native_layer_norm_backward`'s) the device of its first tensor (the seed reads `.device` of the tuple and fails)."""
@@ -90,6 +94,7 @@ def is_control_deps(node: Node) -> bool:
     return (node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
             and node.target.name() == "control_deps")
 
+# %% ../nbs/01_graph.ipynb #526e3533
 def flat_args(node: Node) -> list[Node]:
     "The Node arguments of `node` (args, then kwargs), in order, duplicates kept: the seed's `_get_flat_args(node, {})`."
     args: list[Node] = []
@@ -143,6 +148,7 @@ def get_registry() -> StreamRegistry:
     "The active registry."
     return _registries[-1]
 
+# %% ../nbs/01_graph.ipynb #728473db
 @contextlib.contextmanager
 def use_registry(registry: StreamRegistry) -> Iterator[StreamRegistry]:
     "Make `registry` the active one inside the block."
@@ -150,14 +156,17 @@ def use_registry(registry: StreamRegistry) -> Iterator[StreamRegistry]:
     try: yield registry
     finally: _registries.pop()
 
+# %% ../nbs/01_graph.ipynb #81a07e6f
 def new_event() -> int:
     "A new event index from the active registry."
     return get_registry().new_event()
 
+# %% ../nbs/01_graph.ipynb #4f27bf9a
 def get_current_stream(device: torch.device | str | None = None) -> int:
     "The active registry's index for the current stream of `device`."
     return get_registry().get_current_stream(device)
 
+# %% ../nbs/01_graph.ipynb #55c3a518
 def get_stream_or_current_stream(node: Node) -> int:
     "The node's stream, or the current stream of its device if it has none."
     ind = get_stream(node)
@@ -230,6 +239,7 @@ def _tname(t) -> str:
     if isinstance(t, torch._ops.HigherOrderOperator): return f"hop.{t.name()}"
     return str(t)
 
+# %% ../nbs/01_graph.ipynb #e97df8eb
 def canonical(gm: GraphModule, rename_events: bool = True, names: bool = True, _events: dict | None = None) -> list[tuple]:
     "A comparable form of `gm`: per node its name, op, target, args, kwargs, tag, stream and nested subgraph."
     events = {} if _events is None else _events
@@ -256,10 +266,12 @@ class StreamnbError(Exception):
 class StreamAnnotationError(StreamnbError, TypeError):
     "A node's stream annotation is not an int."
 
+# %% ../nbs/01_graph.ipynb #b00340f5
 class MissingValError(StreamnbError, KeyError):
     "A node needs `meta['val']` (a fake or meta tensor) and has none."
     def __str__(self): return str(self.args[0]) if self.args else ""
 
+# %% ../nbs/01_graph.ipynb #e65ee750
 class UnknownEventError(StreamnbError):
     "A sync node waits on an event that no node of the graph records before it."
 
@@ -306,6 +318,7 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
         get_stream(n)
         if "val" not in n.meta and n in need_val: get_val(n)
 
+# %% ../nbs/01_graph.ipynb #40530b88
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     wrapped = next((n for n in gm.graph.nodes if is_control_deps(n)), None)
@@ -314,6 +327,7 @@ def already_processed(gm: GraphModule, name: str) -> bool:
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 
+# %% ../nbs/01_graph.ipynb #826dbe47
 def begin_pass(gm: GraphModule, name: str, need_val: Collection[Node] = (),
                check: Callable[[GraphModule], None] | None = None) -> bool:
     "Validate `gm` for pass `name` and mark it processed; False (with a warning) if the pass must not run again on it."
@@ -333,6 +347,7 @@ class Correction:
     fix: str
     where: str
 
+# %% ../nbs/01_graph.ipynb #c801c8ed
 CORRECTIONS: dict[int, Correction] = {}
 
 def correction(number: int, chapter: str, seed: str, fix: str) -> Callable:
@@ -346,6 +361,7 @@ def correction(number: int, chapter: str, seed: str, fix: str) -> Callable:
         return fn
     return register
 
+# %% ../nbs/01_graph.ipynb #040ae30a
 def corrections_table() -> str:
     "The registered corrections as a Markdown table, in number order."
     rows = ["| # | chapter | the seed | streamnb's default |", "|---|---|---|---|"]

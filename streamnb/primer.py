@@ -9,6 +9,7 @@ import torch
 from torch.fx import GraphModule
 
 from .graph import GraphBuilder, streams
+from .exercises import Exercise, insert, remove
 
 # %% auto #0
 __all__ = ['US', 'ABC_COST', 'ABC_SYNCS', 'REUSE_COST', 'PROTECTIONS', 'abc_graph', 'reuse_graph', 'wait_exercise_solution',
@@ -65,7 +66,6 @@ def reuse_graph(b_stream: int = 1, protect: str | None = None) -> GraphModule:
 #| code-fold: true
 def wait_exercise_solution(gm: GraphModule) -> GraphModule:
     "The worked solution of `wait_exercise`: the host sync replaced by a record after `a` and a wait just before `c`."
-    from streamnb.exercises import insert, remove
     remove(gm, "synchronize_stream_default")
     insert(gm, streams.record_event.default, 1, 1, after="a")     # event 1 marks the end of a on stream 1
     insert(gm, streams.wait_event.default, 1, 0, before="c")      # stream 0 waits for it just before c
@@ -74,7 +74,6 @@ def wait_exercise_solution(gm: GraphModule) -> GraphModule:
 # %% ../nbs/00_primer.ipynb #a591ae26
 def wait_exercise():
     "The primer's exercise (an `Exercise` of `streamnb.exercises`): order `c` after `a` without blocking the host."
-    from streamnb.exercises import Exercise
     return Exercise(title="Wait without blocking the host",
                     task="Replace the host sync: order c after a with the fewest syncs, without slowing anything down.",
                     start=lambda: abc_graph(1, "synchronize_stream", early=True), solution=wait_exercise_solution,

@@ -18,7 +18,7 @@ from .streamops import (Storage, StreamOp, VectorClocks, current_stream_key, dec
 from .simulator import simulate
 
 # %% auto #0
-__all__ = ['unknown_streams', 'SanitizerError', 'Report', 'sanitize']
+__all__ = ['unknown_streams', 'Finding', 'Report', 'sanitize']
 
 # %% ../nbs/07_sanitizer.ipynb #f82b5c7e
 def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
@@ -128,7 +128,7 @@ class DataOrder:
 
 # %% ../nbs/07_sanitizer.ipynb #74ded5c5
 @dataclass
-class SanitizerError:
+class Finding:
     "One finding: its `kind`, the nodes and streams involved (the later one first) and a sentence a reader understands."
     kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall, unknown_stream
     nodes: tuple                  # node names
@@ -156,7 +156,7 @@ class Report:
     def ok(self) -> bool: return not self.errors
     @property
     def kinds(self) -> list: return [e.kind for e in self.errors + self.warnings]
-    def add(self, e: SanitizerError): (self.errors if e.severity == "error" else self.warnings).append(e)
+    def add(self, e: Finding): (self.errors if e.severity == "error" else self.warnings).append(e)
     def __str__(self):
         if not self.errors and not self.warnings: return "streamnb sanitizer: no errors"
         bar = "=" * 60
@@ -252,7 +252,7 @@ class _Sanitizer:
         k = (kind, t.name if t is not None else None, tuple(n.name for n in nodes))
         if k in self._seen: return
         self._seen.add(k)
-        self.report.add(SanitizerError(kind, tuple(n.name for n in nodes), tuple(streams_), msg,
+        self.report.add(Finding(kind, tuple(n.name for n in nodes), tuple(streams_), msg,
                                        t.name if t is not None else None, severity, **nums))
 
     def run(self) -> Report:

@@ -16,7 +16,7 @@ from torch.fx import GraphModule, Node
 from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
 
 # %% auto #0
-__all__ = ['OPS', 'OpSpec', 'StreamOp', 'decode', 'is_sync', 'indices_in_use', 'reserve_indices_in_use', 'current_stream_key',
+__all__ = ['OPS', 'OpSpec', 'StreamOp', 'decode', 'indices_in_use', 'reserve_indices_in_use', 'current_stream_key',
            'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'owner']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
@@ -87,11 +87,6 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     at = lambda i: None if i is None or i >= len(args) else args[i]
     return StreamOp(spec.kind, at(spec.event), tuple(at(i) for i in spec.streams), at(spec.tensor), node,
                     target, tuple(args), spec.host, call)
-
-# %% ../nbs/02_streamops.ipynb #ba865fdd
-def is_sync(node: Node, gm: GraphModule | None = None) -> bool:
-    "True if `node` performs a stream op (bare or wrapped)."
-    return decode(node, gm) is not None
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
 def indices_in_use(gm: GraphModule) -> set[int]:
