@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch.fx import GraphModule, Node
 
 from .streamops import StreamOp, decode, reserve_indices_in_use
-from .graph import (aten, begin_pass, correction, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
+from .graph import (aten, correction, stream_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
 # %% auto #0
@@ -23,10 +23,10 @@ def acc_stream(node: Node) -> int | None:
     return None
 
 # %% ../nbs/10_backward_streams.ipynb #2c4c2546
+@stream_pass("assign_backward_streams")
 def assign_backward_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Give each gradient-accumulation node a stream: its first annotated user's, else its first annotated argument's."
     # No known defect: both modes run the seed's rule.
-    if not begin_pass(gm, "assign_backward_streams"): return
     for node in reversed(list(gm.graph.nodes)):   # reverse: users are settled before the nodes they use
         if is_gradient_acc(node):
             ind = acc_stream(node)
@@ -76,10 +76,10 @@ class CorrectedEpilogue(SeedEpilogue):
         join.prepend(copy)
 
 # %% ../nbs/10_backward_streams.ipynb #605bc25e
+@stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers)
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
     p = SeedEpilogue() if upstream else CorrectedEpilogue()
-    if not begin_pass(gm, "assign_epilogue_copy_streams", need_val=_epilogue_val_readers(gm)): return
     reserve_indices_in_use(gm)   # a fresh current-stream index must not be one the graph uses
     for epi_copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):

@@ -18,7 +18,7 @@ from torch.fx.immutable_collections import immutable_dict
 
 # %% auto #0
 __all__ = ['FAST_FX_TORCH', 'FAST_OFF_REASON', 'FAST', 'fast_path_enabled', 'paused_gc', 'create_node', 'call_function',
-           'subgraph_name', 'create_subgraph_for_node']
+           'save_names', 'revive', 'subgraph_name', 'create_subgraph_for_node']
 
 # %% ../nbs/90_fastfx.ipynb #9eee3c01
 FAST_FX_TORCH = "2.13.0"   # the torch release whose FX internals the fast path below was written for
@@ -32,6 +32,8 @@ def _load() -> tuple[SimpleNamespace | None, str]:
         g = Graph()   # the graph's and its namespace's private members create_node uses
         g._graph_namespace.create_name, g._graph_namespace.associate_name_with_obj, g._target_to_str, g._insert
         g._find_nodes_lookup_table.insert, g._len
+        ns = g._graph_namespace; ns._used_names, ns._base_count, ns._obj_to_name   # save_names
+        n = g.placeholder("x"); n._erased, n._prev, n._next                          # revive
         d = _LazyGraphModule(torch.nn.Module(), g).__dict__
         _LazyGraphModule._lazy_forward
     except Exception as e:   # a missing or changed private name turns the fast path off, never the import
@@ -78,6 +80,26 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
 def call_function(graph: Graph, target: Any, args: tuple = (), kwargs: dict | None = None) -> Node:
     "`graph.call_function(target, args, kwargs)`, through `create_node`."
     return create_node(graph, "call_function", target, args, kwargs)
+
+# %% ../nbs/90_fastfx.ipynb #2432d21f
+def save_names(graph: Graph):
+    "A function that gives `graph`'s namespace back the names it holds now (None with the fast path off)."
+    if not FAST: return None
+    ns = graph._graph_namespace
+    used, base, objs = set(ns._used_names), dict(ns._base_count), dict(ns._obj_to_name)
+    def restore():
+        ns._used_names, ns._obj_to_name = used, objs
+        ns._base_count.clear(); ns._base_count.update(base)   # a defaultdict in some releases: keep its type
+    return restore
+
+def revive(graph: Graph, node: Node) -> bool:
+    "Make an erased `node` a member of `graph` again, unlinked (place it with `prepend`/`append`); False if it cannot."
+    if not FAST: return False
+    node._erased = False
+    node._prev = node._next = node   # unlinked: prepend's unlinking then changes no other node
+    graph._find_nodes_lookup_table.insert(node)
+    graph._len += 1
+    return True
 
 # %% ../nbs/90_fastfx.ipynb #57328b85
 def subgraph_name(gm: GraphModule, name: str) -> str:

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import copy
+import functools
 import itertools
 import operator
 import warnings
@@ -19,34 +22,46 @@ import torch._dynamo.variables.streams  # registers the torch.ops.streams.* oper
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
+from . import fastfx
+
 # %% auto #0
-__all__ = ['BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'set_stream', 'is_bwd_node', 'is_gradient_acc',
-           'get_val', 'get_device', 'is_control_deps', 'flat_args', 'StreamRegistry', 'get_registry', 'use_registry',
-           'new_event', 'get_current_stream', 'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical',
-           'StreamnbError', 'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning',
-           'IndexedDict', 'validate', 'already_processed', 'begin_pass', 'Correction', 'correction',
-           'corrections_table']
+__all__ = ['INT64_MAX', 'BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_index', 'set_stream',
+           'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps', 'flat_args', 'StreamRegistry',
+           'get_registry', 'use_registry', 'new_event', 'get_current_stream', 'get_stream_or_current_stream',
+           'GraphBuilder', 'describe', 'canonical', 'StreamnbError', 'StreamAnnotationError', 'MissingValError',
+           'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict', 'check_graph_module', 'validate',
+           'already_processed', 'mark_processed', 'begin_pass', 'transaction', 'stream_pass', 'Correction',
+           'correction', 'corrections_table']
 
 # %% ../nbs/01_graph.ipynb #659d8eb0
 aten = torch.ops.aten
 streams = torch.ops.streams
 
 # %% ../nbs/01_graph.ipynb #25c0552a
+INT64_MAX = 2**63 - 1
+
 def get_stream(node: Node) -> int | None:
     "The stream index annotated on `node` (`meta['custom']['stream']`), or None."
     custom = node.meta.get("custom", None)
     if custom is None: return None
+    if not isinstance(custom, dict):
+        raise StreamAnnotationError(f"node {node.name}: meta['custom'] is a {type(custom).__name__}, not a dict")
     ind = custom.get("stream", None)
-    if ind is None or type(ind) is int: return ind
+    if ind is None or (type(ind) is int and 0 <= ind <= INT64_MAX): return ind
+    check_index(node, ind, "stream annotation")
+    return int(ind)
+
+def check_index(node: Node, ind: Any, what: str) -> None:
+    "Raise a `StreamAnnotationError` naming `node` unless `ind` is a stream or event index: an int in int64, not negative."
     if isinstance(ind, bool) or not isinstance(ind, int):
-        raise StreamAnnotationError(f"node {node.name}: stream annotation {ind!r} is not an int")
-    return ind
+        raise StreamAnnotationError(f"node {node.name}: {what} {ind!r} is not an int")
+    if not 0 <= ind <= INT64_MAX:
+        raise StreamAnnotationError(f"node {node.name}: {what} {ind} is not a stream index (0 to 2**63-1)")
 
 # %% ../nbs/01_graph.ipynb #2bf32229
 def set_stream(node: Node, ind: int) -> None:
     "Annotate `node` with stream `ind`, updating an existing `custom` dict in place (as the seed does)."
-    if isinstance(ind, bool) or not isinstance(ind, int):
-        raise StreamAnnotationError(f"node {node.name}: stream annotation {ind!r} is not an int")
+    check_index(node, ind, "stream annotation")
     if "custom" in node.meta and node.meta["custom"] is not None: node.meta["custom"].update({"stream": ind})
     else: node.meta["custom"] = {"stream": ind}
 
@@ -142,19 +157,23 @@ class StreamRegistry:
         return f"StreamRegistry(events={self.events}, current_streams={sorted(self.current_streams)})"
 
 # %% ../nbs/01_graph.ipynb #8efe5165
-_registries: list[StreamRegistry] = [StreamRegistry(start=100, current_stream=0)]
+_DEFAULT_REGISTRY = StreamRegistry(start=100, current_stream=0)
+_active_registry: contextvars.ContextVar[StreamRegistry] = contextvars.ContextVar("streamnb_registry",
+                                                                                 default=_DEFAULT_REGISTRY)
 
 def get_registry() -> StreamRegistry:
-    "The active registry."
-    return _registries[-1]
+    "The active registry (of this thread or context)."
+    return _active_registry.get()
 
 # %% ../nbs/01_graph.ipynb #728473db
 @contextlib.contextmanager
 def use_registry(registry: StreamRegistry) -> Iterator[StreamRegistry]:
-    "Make `registry` the active one inside the block."
-    _registries.append(registry)
+    "Make `registry` the active one inside the block (in this thread or context only)."
+    if not isinstance(registry, StreamRegistry):
+        raise TypeError(f"registry: expected a StreamRegistry, got {type(registry).__name__}")
+    token = _active_registry.set(registry)
     try: yield registry
-    finally: _registries.pop()
+    finally: _active_registry.reset(token)
 
 # %% ../nbs/01_graph.ipynb #81a07e6f
 def new_event() -> int:
@@ -312,30 +331,135 @@ class IndexedDict(MutableMapping, Generic[K, V]):
 PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
+def check_graph_module(gm: Any, arg: str = "gm") -> None:
+    "A `TypeError` naming the argument unless `gm` is a `torch.fx.GraphModule`."
+    if not isinstance(gm, GraphModule):
+        hint = " (pass the GraphModule, not its .graph)" if isinstance(gm, Graph) else ""
+        raise TypeError(f"{arg}: expected a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
+
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
-    "Raise a `StreamnbError` naming the first bad node: a non-int stream, or a missing `meta['val']` on a node of `need_val`."
+    """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph, a bad stream
+    annotation, a `call_module` node with a stream, or a missing `meta['val']` on a node of `need_val`."""
+    check_graph_module(gm)
+    seen: set[Node] = set()
     for n in gm.graph.nodes:
-        get_stream(n)
+        for a in n.all_input_nodes:
+            if a not in seen:
+                where = "is not a node of this graph" if a.graph is not gm.graph else "comes after it"
+                raise StreamnbError(f"node {n.name}: its argument {a.name} {where} (the graph fails lint())")
+        seen.add(n)
+        if get_stream(n) is not None and n.op == "call_module":
+            raise StreamnbError(f"node {n.name}: a call_module node on stream {get_stream(n)}: streamnb cannot see the "
+                                "ops inside a module; inline it first (trace without leaf modules)")
         if "val" not in n.meta and n in need_val: get_val(n)
 
 # %% ../nbs/01_graph.ipynb #40530b88
+def _marks(gm: GraphModule) -> tuple:
+    return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
+
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     wrapped = next((n for n in gm.graph.nodes if is_control_deps(n)), None)
-    if name not in gm.meta.get("streamnb_passes", ()) and (wrapped is None or name not in PIPELINE_ORDER): return False
+    if name not in _marks(gm) and (wrapped is None or name not in PIPELINE_ORDER): return False
     why = f"node {wrapped.name} is a control_deps node" if wrapped is not None else f"{name} already ran on it"
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 
-# %% ../nbs/01_graph.ipynb #826dbe47
+def mark_processed(gm: GraphModule, name: str) -> None:
+    "Record that pass `name` ran on `gm`, in `gm.meta` and on its graph (new containers: a snapshot keeps the old)."
+    gm.meta["streamnb_passes"] = [*gm.meta.get("streamnb_passes", ()), name]
+    gm.graph._streamnb_passes = (*getattr(gm.graph, "_streamnb_passes", ()), name)
+
+# %% ../nbs/01_graph.ipynb #b972d732
 def begin_pass(gm: GraphModule, name: str, need_val: Collection[Node] = (),
                check: Callable[[GraphModule], None] | None = None) -> bool:
-    "Validate `gm` for pass `name` and mark it processed; False (with a warning) if the pass must not run again on it."
+    "Validate `gm` for pass `name` and mark it processed; False (with a warning) if it must not run again on it."
     if already_processed(gm, name): return False
     validate(gm, need_val)
     if check is not None: check(gm)
-    gm.meta.setdefault("streamnb_passes", []).append(name)
+    mark_processed(gm, name)
     return True
+
+# %% ../nbs/01_graph.ipynb #826dbe47
+_open: contextvars.ContextVar[frozenset] = contextvars.ContextVar("streamnb_transactions", default=frozenset())
+
+class _Snapshot:
+    "What a pass may change on `gm`, saved so that `restore` can put it back."
+    def __init__(self, gm: GraphModule):
+        self.gm, self.graph = gm, gm.graph
+        self.nodes = [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in self.graph.nodes]
+        self.attrs, self.modules, self.meta = dict(gm.__dict__), dict(gm._modules), dict(gm.meta)
+        self.forward = type(gm).__dict__.get("forward")
+        self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
+        self.names = fastfx.save_names(self.graph)
+        self.backup = None if fastfx.FAST else copy.deepcopy(self.graph)   # erased nodes cannot be revived: keep a copy
+        copies: dict[int, dict] = {}   # own copies of `custom` dicts, shared ones staying shared within the graph
+        for n, *_ in self.nodes:
+            if type(c := n.meta.get("custom")) is dict:
+                n.meta["custom"] = copies.get(id(c)) or copies.setdefault(id(c), dict(c))
+
+    def restore(self) -> None:
+        g, gm = self.graph, self.gm
+        if self.backup is not None: return self._restore_module(self.backup)
+        keep = {n for n, *_ in self.nodes}
+        for n, *_ in self.nodes:
+            if n._erased: fastfx.revive(g, n)
+        for n, target, args, kwargs, _ in self.nodes:
+            if n.target is not target: n.target = target
+            if n.args is not args or n.kwargs is not kwargs: n.args, n.kwargs = args, kwargs
+        for n in reversed([n for n in g.nodes if n not in keep]):
+            for u in list(n.users): u.args, u.kwargs = map_arg((u.args, u.kwargs), lambda a: None if a is n else a)
+            g.erase_node(n)
+        if self.nodes:
+            first = next(iter(g.nodes), None)
+            if first is not self.nodes[0][0]: first.prepend(self.nodes[0][0])
+            for (a, *_), (b, *_) in zip(self.nodes, self.nodes[1:]):
+                if a.next is not b: a.append(b)
+        for n, *_, meta in self.nodes: n.meta.clear(); n.meta.update(meta)
+        if self.names is not None: self.names()
+        self._restore_module(g)
+
+    def _restore_module(self, g: Graph) -> None:
+        gm = self.gm
+        gm.__dict__.clear(); gm.__dict__.update(self.attrs)
+        gm._modules.clear(); gm._modules.update(self.modules)
+        gm.meta.clear(); gm.meta.update(self.meta)
+        if self.forward is not None: type(gm).forward = self.forward
+        if self.graph_marks is None: g.__dict__.pop("_streamnb_passes", None)
+        else: g._streamnb_passes = self.graph_marks
+        if g is not self.graph: gm.graph = g   # the fallback: the copy, with new Node objects
+
+@contextlib.contextmanager
+def transaction(gm: GraphModule) -> Iterator[None]:
+    "Run the block on `gm` atomically: on any exception, `gm` is put back exactly as it was, then the error propagates."
+    if id(gm) in _open.get(): yield; return   # an enclosing transaction on gm saves and restores
+    snap = _Snapshot(gm)
+    token = _open.set(_open.get() | {id(gm)})
+    try: yield
+    except BaseException:
+        snap.restore()
+        raise
+    finally: _open.reset(token)
+
+# %% ../nbs/01_graph.ipynb #4ce75e9c
+def stream_pass(name: str, need_val: Callable[[GraphModule], Collection[Node]] | None = None,
+                check: Callable[[GraphModule], None] | None = None) -> Callable:
+    """Declare a public pass `fn(gm, ...)` named `name`: refuse a non-`GraphModule` (`TypeError`), skip a graph already
+    processed (with a warning), `validate` it, run `check(gm)` and the pass in one `transaction` with the garbage
+    collector paused (as the caller left it afterwards, also on error), and mark `gm` processed only on success."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(gm, *args, **kwargs):
+            check_graph_module(gm)
+            if already_processed(gm, name): return None
+            with fastfx.paused_gc(), transaction(gm):
+                validate(gm, need_val(gm) if need_val is not None else ())
+                if check is not None: check(gm)
+                out = fn(gm, *args, **kwargs)
+                mark_processed(gm, name)
+            return out
+        return run
+    return decorate
 
 # %% ../nbs/01_graph.ipynb #488b02e0
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from .graph import StreamnbError, get_stream
+from .graph import StreamnbError, check_graph_module, get_stream
 
 # %% auto #0
 __all__ = ['MissingOutputError', 'populate_fw_metadata_with_stream_indices']
@@ -23,7 +23,12 @@ class MissingOutputError(StreamnbError, AssertionError):
 def populate_fw_metadata_with_stream_indices(gm: GraphModule, fw_metadata: Any, *, upstream: bool = False) -> None:
     "Set `fw_metadata.mutated_inp_stream_indices` to the streams of the graph's first `num_mutated_inp_runtime_indices` outputs."
     # No known defect: both modes run the seed's rule.
-    num_mutated_inps = fw_metadata.num_mutated_inp_runtime_indices
+    check_graph_module(gm)
+    num_mutated_inps = getattr(fw_metadata, "num_mutated_inp_runtime_indices", None)
+    if isinstance(num_mutated_inps, bool) or not isinstance(num_mutated_inps, int) or num_mutated_inps < 0:
+        raise TypeError(f"fw_metadata: expected AOTAutograd's ViewAndMutationMeta (an object whose "
+                        f"num_mutated_inp_runtime_indices is an int >= 0), got {type(fw_metadata).__name__} with "
+                        f"num_mutated_inp_runtime_indices={num_mutated_inps!r}")
     if num_mutated_inps == 0:
         fw_metadata.mutated_inp_stream_indices = []
         return

@@ -9,10 +9,10 @@ from typing import Any, Callable, Collection, Mapping
 
 from torch.fx import GraphModule
 
-from .graph import PIPELINE_ORDER, StreamnbError
+from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, transaction
 from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
-from .cost import DeviceSpec
+from .cost import DeviceSpec, get_device_spec
 from .dealloc import sync_deallocations
 from .fastfx import paused_gc
 from .metadata import populate_fw_metadata_with_stream_indices
@@ -43,15 +43,21 @@ def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: A
                       after: Mapping[str, Callable[[GraphModule], Any]] | None = None) -> GraphModule:
     """Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`. `passes`: which of
     `PIPELINE_ORDER` run; `after`: pass name -> a step run on `gm` right after that pass."""
+    check_graph_module(gm)
+    if isinstance(passes, str) or not all(isinstance(p, str) for p in passes):
+        raise TypeError(f"passes: expected a collection of pass names, got {passes!r}")
     if unknown := [p for p in (*passes, *(after or ())) if p not in PIPELINE_ORDER]:
         raise StreamnbError(f"unknown joint-graph pass {unknown[0]!r}; one of {', '.join(PIPELINE_ORDER)}")
-    with paused_gc():   # the passes make no reference cycles worth collecting (see below)
+    if after is not None and not all(callable(f) for f in after.values()):
+        raise TypeError("after: expected a mapping of pass name -> a function of the graph")
+    if "sync_deallocations" in passes: get_device_spec(device)   # an unknown device fails here, not in pass four
+    with paused_gc(), transaction(gm):   # all or nothing: a failing pass undoes the earlier ones too
         for name in (p for p in PIPELINE_ORDER if p in passes):   # the wrapping last: a later sync would be bare
             run_pass(gm, name, upstream=upstream, mechanism=mechanism, device=device)
             if after and name in after: after[name](gm)
-    if fw_metadata is not None:   # read last, from the streams the graph finally has
-        run_pass(gm, "populate_fw_metadata_with_stream_indices", fw_metadata, upstream=upstream)
-    if dce:   # what graph_capture.py does next; removes only unused getitems and already-dead nodes
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
+        if fw_metadata is not None:   # read last, from the streams the graph finally has
+            run_pass(gm, "populate_fw_metadata_with_stream_indices", fw_metadata, upstream=upstream)
+        if dce:   # what graph_capture.py does next; removes only unused getitems and already-dead nodes
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
     return gm

@@ -72,14 +72,23 @@ def test_duplicate_args_and_kwargs_order():
     assert streams_of(gm)["acc2"] == 4
 
 
-def test_non_acc_nodes_untouched_and_shared_custom_updated_in_place():
+def test_non_acc_nodes_untouched_custom_kept_and_caller_dict_not_written():
     gm = grad_acc()
     acc1 = next(n for n in gm.graph.nodes if n.name == "acc1")
-    shared = {"other": "kept"}
+    shared = {"other": "kept"}   # as after copy.deepcopy(gm): FX shares meta values between the copies
     acc1.meta["custom"] = shared
     assign_backward_streams(gm)
-    assert shared == {"other": "kept", "stream": 2}
+    assert acc1.meta["custom"] == {"other": "kept", "stream": 2}
+    assert shared == {"other": "kept"}
     assert streams_of(gm)["neg"] == 1
+
+
+def test_custom_dict_shared_within_the_graph_stays_shared():
+    gm = grad_acc()
+    acc1, out = next(n for n in gm.graph.nodes if n.name == "acc1"), next(iter(gm.graph.find_nodes(op="output")))
+    acc1.meta["custom"] = out.meta["custom"] = {"other": "kept"}   # as AOTAutograd shares forward/backward dicts
+    assign_backward_streams(gm)
+    assert acc1.meta["custom"] is out.meta["custom"] and out.meta["custom"]["stream"] == 2
 
 
 def test_second_run_noop_with_warning():
