@@ -59,14 +59,16 @@ def load_factory(target: str) -> tuple:
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.resolve().parent))   # its own imports of files next to it
     try: spec.loader.exec_module(mod)
-    except Exception as e: raise FactoryError(f"{path}: importing it raised {type(e).__name__}: {_first_line(e)}") from e
+    except (KeyboardInterrupt, GeneratorExit): raise
+    except BaseException as e: raise FactoryError(f"{path}: importing it {_what(e)}") from e
     finally: sys.path.remove(str(file.resolve().parent))
     factory = getattr(mod, name, None)
     if not callable(factory):
         have = [k for k, v in vars(mod).items() if callable(v) and getattr(v, "__module__", None) == mod.__name__]
         raise FactoryError(f"{path} has no function {name!r}" + (f" (it defines {', '.join(have)})" if have else ""))
     try: got = factory()
-    except Exception as e: raise FactoryError(f"{target}: {name}() raised {type(e).__name__}: {_first_line(e)}") from e
+    except (KeyboardInterrupt, GeneratorExit): raise
+    except BaseException as e: raise FactoryError(f"{target}: {name}() {_what(e)}") from e
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and callable(got[0])):
         raise FactoryError(f"{target}: {name}() must return (model, inputs), got {type(got).__name__}")
     model, inputs = got
@@ -75,8 +77,12 @@ def load_factory(target: str) -> tuple:
         raise FactoryError(f"{target}: {name}() must return (model, inputs) with inputs a tuple of tensors")
     return model, tuple(inputs)
 
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else ""
+def _what(e: BaseException) -> str:
+    "What user code did instead of returning, in words: an exit is named as one (it is not the CLI's own exit)."
+    if isinstance(e, SystemExit):
+        return (f"called sys.exit({e.code!r}): a model file must not exit (put its script part under "
+                "`if __name__ == \"__main__\":`)")
+    return f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 # %% ../nbs/18_cli.ipynb #3f6f6e80
 def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:

@@ -9,7 +9,6 @@ import contextlib
 import contextvars
 import copy
 import functools
-import itertools
 import operator
 import warnings
 from collections.abc import Iterator, MutableMapping
@@ -120,7 +119,7 @@ def flat_args(node: Node) -> list[Node]:
 class StreamRegistry:
     "Hands out event indices and current-stream indices from one counter, and remembers what each index is."
     def __init__(self, start: int = 0, current_stream: int | None = None):
-        self._counter = itertools.count(start)
+        self._free = start                                  # the next index to try
         self.reserved: set[int] = set()                      # indices in use elsewhere: never handed out
         self.pinned_current = current_stream
         self.events: list[int] = []                          # event indices, in order of creation
@@ -128,9 +127,18 @@ class StreamRegistry:
         if current_stream is not None: self.current_streams[current_stream] = None
 
     def _next(self) -> int:
-        i = next(self._counter)
-        while i in self.reserved: i = next(self._counter)
+        i = self._free
+        while i in self.reserved: i += 1
+        self._free = i + 1
         return i
+
+    def state(self) -> tuple:
+        "What the registry has handed out and reserved so far, for `set_state` (a failed pass gives its indices back)."
+        return self._free, set(self.reserved), list(self.events), dict(self.current_streams)
+
+    def set_state(self, state: tuple) -> None:
+        "Return to a `state()`."
+        self._free, self.reserved, self.events, self.current_streams = state[0], set(state[1]), list(state[2]), dict(state[3])
 
     def reserve(self, indices) -> None:
         "Never hand out any of `indices` (those a graph already uses)."
@@ -392,6 +400,7 @@ class _Snapshot:
         self.forward = type(gm).__dict__.get("forward")
         self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
         self.names = fastfx.save_names(self.graph)
+        self.registry = get_registry(); self.registry_state = self.registry.state()
         self.backup = None if fastfx.FAST else copy.deepcopy(self.graph)   # erased nodes cannot be revived: keep a copy
         copies: dict[int, dict] = {}   # own copies of `custom` dicts, shared ones staying shared within the graph
         for n, *_ in self.nodes:
@@ -421,6 +430,7 @@ class _Snapshot:
 
     def _restore_module(self, g: Graph) -> None:
         gm = self.gm
+        self.registry.set_state(self.registry_state)
         gm.__dict__.clear(); gm.__dict__.update(self.attrs)
         gm._modules.clear(); gm._modules.update(self.modules)
         gm.meta.clear(); gm.meta.update(self.meta)
