@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .graph import check_graph_module
 from .graph import (StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream, is_bwd_node,
                             is_control_deps)
 from .pipeline import STREAM_PASSES, run_stream_passes
@@ -89,6 +90,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
 # %% ../nbs/16_capture.ipynb #461161c2
 def on_device(gm: GraphModule, device: str = "meta") -> GraphModule:
     "Move every CPU fake value in `meta['val']` to `device` (in place): the graph still runs on the CPU, the passes see a GPU-like graph."
+    check_graph_module(gm)
     def move(v):
         if isinstance(v, FakeTensor) and v.device.type == "cpu":
             with v.fake_mode: return v.to(device)
@@ -99,6 +101,7 @@ def on_device(gm: GraphModule, device: str = "meta") -> GraphModule:
 
 def graph_streams(gm: GraphModule) -> set[int]:
     "The stream indices annotated on `gm`'s nodes."
+    check_graph_module(gm)
     out = set()
     for n in gm.graph.nodes:
         try: s = get_stream(n)
@@ -117,6 +120,7 @@ def _in_backward(ctrl: Node, gm: GraphModule) -> bool:
 def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]]:
     """(control_deps node, forward value) pairs where a backward sync depends on, or passes through, a forward value
     (`partitioner_tag == "is_forward"`): what correction 7 of the control_deps chapter rules out."""
+    check_graph_module(joint, 'joint')
     out = []
     for n in joint.graph.nodes:
         if not is_control_deps(n) or not _in_backward(n, joint): continue
@@ -126,6 +130,7 @@ def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]
 
 def add_control_deps_vals(gm: GraphModule) -> GraphModule:
     "Give each `control_deps` node a `meta['val']` (the tuple its subgraph returns), as PyTorch PR #192538 does; in place."
+    check_graph_module(gm)
     for n in gm.graph.nodes:
         if not is_control_deps(n) or "val" in n.meta: continue
         sub = getattr(gm, n.args[1].target)
@@ -141,6 +146,7 @@ PARTITIONERS = ("default", "min_cut")
 def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitioner: str = "default"
               ) -> tuple[GraphModule, GraphModule]:
     "Split `joint` into forward and backward with AOTAutograd's `default_partition` or `min_cut_rematerialization_partition`."
+    check_graph_module(joint, 'joint')
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     fns = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
     if partitioner not in fns: raise CaptureError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
@@ -185,6 +191,7 @@ class CPUInterpreter(torch.fx.Interpreter):
 
 def run_graph(gm: GraphModule, *args) -> list:
     "Run `gm` on the CPU with `CPUInterpreter`; a list of its outputs."
+    check_graph_module(gm)
     with torch.no_grad(): out = CPUInterpreter(gm).run(*args)
     return list(out) if isinstance(out, (tuple, list)) else [out]
 

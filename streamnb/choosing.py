@@ -20,6 +20,7 @@ __all__ = ['STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_strea
            'process_capture', 'without_syncs']
 
 # %% ../nbs/21b_choosing_streams.ipynb #4dfe635a
+from .graph import check_graph_module
 from .graph import StreamRegistry, get_registry, get_stream, is_bwd_node, use_registry
 from .streamops import current_stream_key, decode, physical_stream
 from .contention import kernel_demand
@@ -54,6 +55,7 @@ def streamnb_choice(gm: GraphModule, dag: Dag, streams: list, *, keep_user: bool
     """Each proposal judged on the contention-aware timeline of the processed graph: the fastest within `memory_limit`
     bytes wins; one stream (the first) unless another is strictly faster. Also returns what it tried: (proposal,
     makespan ms, peak bytes). k+3 simulations of n nodes: O(n·k)."""
+    check_graph_module(gm)
     tried, best, seen = [], None, set()
     for name, choice in proposals(dag, streams, device).items():
         if tuple(choice) in seen: continue
@@ -81,6 +83,7 @@ def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams:
     stream and up to `side_streams` side streams. `strategy`: "single", "critical_path" (apex torchsched), "nimble" (min
     chain cover) or "streamnb" (judged on the contention-aware timeline within `memory_limit` bytes, never worse than one
     stream). The user's annotations stay unless `keep_user=False`. Returns `gm`; details in `gm.meta['streamnb_assignment']`."""
+    check_graph_module(gm)
     if strategy not in STRATEGIES: raise AssignError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 0:
         raise AssignError(f"side_streams must be an int >= 0, got {side_streams!r}")
@@ -130,6 +133,7 @@ def table_graphs(seed: int = 0) -> dict[str, GraphModule]:
 # %% ../nbs/21b_choosing_streams.ipynb #d0307655
 def cross_stream_edges(gm: GraphModule, registry: StreamRegistry | None = None) -> int:
     "Data edges between backward compute nodes on different streams: what `insert_backward_syncs` looks at."
+    check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
     ph = lambda n: physical_stream(get_stream(n), reg)
     comp = lambda n: n.op == "call_function" and is_bwd_node(n) and decode(n, gm) is None
@@ -162,6 +166,7 @@ class Row:
 def judge_one(gm: GraphModule, model: str, strategy: str, *, side_streams: int = 2, device: str = "H100",
               memory_limit: int | None = None, bound: float | None = None) -> tuple[Row, Timeline, GraphModule]:
     "Assign a copy of `gm` (user annotations dropped), run the passes with the fewest syncs, simulate both ways, sanitize."
+    check_graph_module(gm)
     g = copy.deepcopy(gm)
     with use_registry(_eval_registry()) as reg:
         assign_streams(g, strategy=strategy, side_streams=side_streams, device=device, memory_limit=memory_limit,
@@ -215,6 +220,7 @@ def process_capture(cap, *, strategy: str = "streamnb", side_streams: int = 2, d
 # %% ../nbs/21b_choosing_streams.ipynb #d88bdd80
 def without_syncs(gm: GraphModule) -> GraphModule:
     "Remove `gm`'s stream-op nodes (they must be bare and unused), in place: a graph to assign again."
+    check_graph_module(gm)
     for n in [n for n in gm.graph.nodes if decode(n, gm) is not None]:
         if n.users: raise AssignError(f"node {n.name}: a stream op with users (wrapped in control_deps?) cannot be removed")
         gm.graph.erase_node(n)

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .graph import check_graph_module
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
@@ -111,6 +112,7 @@ def _to(v, device: torch.device):
 @contextlib.contextmanager
 def values_on(gm: GraphModule, device: str | None):
     "Inside the block `gm`'s CPU fake values are on `device` (None: unchanged); afterwards on the CPU again, new nodes' too."
+    check_graph_module(gm)
     if device is None: yield gm; return
     dev, cpu = torch.device(device), torch.device("cpu")
     on = lambda d: (lambda t: _to(t, dev if d == cpu else cpu) if isinstance(t, FakeTensor) and t.device == d else t)
@@ -180,6 +182,7 @@ def executor_backend(graphs: dict | None = None, executor: Callable = run_graph)
 def canonical_modulo_inputs(gm: GraphModule) -> list[tuple]:
     """`canonical(gm, names=False)` with the graph's inputs named by first use and the output's entries sorted: equal for
     two traces of one program whose frontends lift the parameters in another order (dynamo vs `aot_function`)."""
+    check_graph_module(gm)
     form = canonical(gm, names=False)
     phs = [e[0] for e in form if e[1] == "placeholder"]
     order: dict[str, str] = {}

@@ -17,6 +17,7 @@ import torch.fx
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate
 
+from .graph import check_graph_module
 from .graph import (StreamnbError, UnknownEventError, StreamRegistry, get_registry, get_stream,
                             is_control_deps)
 from .simulator import Timeline
@@ -199,6 +200,7 @@ def _default_backend(device=None):
 def run(gm: GraphModule, *args, backend=None, registry: StreamRegistry | None = None,
         device: torch.device | str | None = None, single_stream: bool = False):
     "Run processed graph `gm` on `backend`'s streams (CUDA by default) and return its outputs."
+    check_graph_module(gm)
     backend = backend if backend is not None else _default_backend(device)
     return StreamInterpreter(gm, backend, registry=registry, device=device, single_stream=single_stream).run(*args)
 
@@ -226,6 +228,7 @@ def measure(gm: GraphModule, *args, backend=None, registry: StreamRegistry | Non
     """Run `gm` (after `warmup` untimed runs) with a start/end mark per compute node: `(outputs, Timeline)`.
     On CUDA, `peak_memory` is `torch.cuda.max_memory_allocated` during the timed run, less what was allocated before
     it, plus the inputs (as the simulator counts them)."""
+    check_graph_module(gm)
     backend = backend if backend is not None else _default_backend(device)
     reg = registry if registry is not None else get_registry()
     kw = dict(registry=reg, device=device, single_stream=single_stream)

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from torch.fx import GraphModule, Node
 
+from .graph import check_graph_module
 from .graph import StreamnbError, is_control_deps
 from .streamops import decode
 from .simulator import simulate
@@ -26,6 +27,7 @@ __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'work_problems',
 # %% ../nbs/08_exercises.ipynb #48c7ad21
 def node(gm: GraphModule, name: str | Node) -> Node:
     "The node of `gm` called `name`."
+    check_graph_module(gm)
     if isinstance(name, Node): return name
     for n in gm.graph.nodes:
         if n.name == name: return n
@@ -37,6 +39,7 @@ def _anchor(gm, before, after) -> tuple[Node, bool]:
 
 def insert(gm: GraphModule, target, *args, before=None, after=None) -> Node:
     "Insert a call to `target(*args)` (a stream op) before or after a node; return the new node."
+    check_graph_module(gm)
     a, is_after = _anchor(gm, before, after)
     with (gm.graph.inserting_after(a) if is_after else gm.graph.inserting_before(a)):
         n = gm.graph.call_function(target, tuple(args))
@@ -54,6 +57,7 @@ def _check_order(n: Node) -> None:
 
 def move(gm: GraphModule, name, *, before=None, after=None) -> Node:
     "Move node `name` before or after another node (it must stay after its inputs and before its users)."
+    check_graph_module(gm)
     n, (a, is_after) = node(gm, name), _anchor(gm, before, after)
     prev = n.prev
     a.append(n) if is_after else a.prepend(n)
@@ -65,6 +69,7 @@ def move(gm: GraphModule, name, *, before=None, after=None) -> Node:
 
 def remove(gm: GraphModule, name) -> None:
     "Remove node `name` (nothing may use its value)."
+    check_graph_module(gm)
     n = node(gm, name)
     if n.users: raise StreamnbError(f"node {n.name}: {', '.join(u.name for u in n.users)} use(s) it")
     gm.graph.erase_node(n)
@@ -73,6 +78,7 @@ def remove(gm: GraphModule, name) -> None:
 # %% ../nbs/08_exercises.ipynb #900b8f81
 def compute_nodes(gm: GraphModule) -> list[Node]:
     "The nodes that do work: calls that are not stream ops, getitems or control_deps wrappers."
+    check_graph_module(gm)
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
             and n.target is not operator.getitem and not is_control_deps(n) and decode(n, gm) is None]
 
@@ -80,6 +86,7 @@ def _tname(t) -> str: return str(t) if isinstance(t, torch._ops.OpOverload) else
 
 def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     "What the answer does not compute that the start graph does, and what it computes on top."
+    check_graph_module(start, 'start')
     by = lambda gm: Counter(_tname(n.target) for n in compute_nodes(gm))
     want, got = by(start), by(answer)
     def names(gm, other, t):   # the nodes of target t, those the other graph has no node of that name for first
@@ -111,10 +118,12 @@ def in_words(e: Finding) -> str:
 # %% ../nbs/08_exercises.ipynb #eeccd464
 def count_syncs(gm: GraphModule) -> int:
     "The stream ops `gm` performs, `fork`/`join` excepted."
+    check_graph_module(gm)
     return sum(1 for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
 
 def makespan_us(gm: GraphModule, cost=None) -> float:
     "The simulated makespan of `gm` in µs (`cost` as for `simulate`)."
+    check_graph_module(gm)
     return simulate(gm, cost=cost).makespan_us
 
 # %% ../nbs/08_exercises.ipynb #7ea5a1cb

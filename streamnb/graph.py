@@ -244,6 +244,7 @@ class GraphBuilder:
 # %% ../nbs/01_graph.ipynb #fca28b2e
 def describe(gm: GraphModule) -> str:
     "The graph's nodes, one per line, with stream, tag and gradient-accumulation flag; then its subgraphs."
+    check_graph_module(gm)
     lines = []
     for n in gm.graph.nodes:
         extra = []
@@ -269,6 +270,7 @@ def _tname(t) -> str:
 # %% ../nbs/01_graph.ipynb #e97df8eb
 def canonical(gm: GraphModule, rename_events: bool = True, names: bool = True, _events: dict | None = None) -> list[tuple]:
     "A comparable form of `gm`: per node its name, op, target, args, kwargs, tag, stream and nested subgraph."
+    check_graph_module(gm)
     events = {} if _events is None else _events
     nodes = list(gm.graph.nodes)
     ref = {n: (n.name if names else f"%{i}") for i, n in enumerate(nodes)}
@@ -367,6 +369,7 @@ def _marks(gm: GraphModule) -> tuple:
 
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
+    check_graph_module(gm)
     wrapped = next((n for n in gm.graph.nodes if is_control_deps(n)), None)
     if name not in _marks(gm) and (wrapped is None or name not in PIPELINE_ORDER): return False
     why = f"node {wrapped.name} is a control_deps node" if wrapped is not None else f"{name} already ran on it"
@@ -375,6 +378,7 @@ def already_processed(gm: GraphModule, name: str) -> bool:
 
 def mark_processed(gm: GraphModule, name: str) -> None:
     "Record that pass `name` ran on `gm`, in `gm.meta` and on its graph (new containers: a snapshot keeps the old)."
+    check_graph_module(gm)
     gm.meta["streamnb_passes"] = [*gm.meta.get("streamnb_passes", ()), name]
     gm.graph._streamnb_passes = (*getattr(gm.graph, "_streamnb_passes", ()), name)
 
@@ -382,6 +386,7 @@ def mark_processed(gm: GraphModule, name: str) -> None:
 def begin_pass(gm: GraphModule, name: str, need_val: Collection[Node] = (),
                check: Callable[[GraphModule], None] | None = None) -> bool:
     "Validate `gm` for pass `name` and mark it processed; False (with a warning) if it must not run again on it."
+    check_graph_module(gm)
     if already_processed(gm, name): return False
     validate(gm, need_val)
     if check is not None: check(gm)
@@ -442,6 +447,7 @@ class _Snapshot:
 @contextlib.contextmanager
 def transaction(gm: GraphModule) -> Iterator[None]:
     "Run the block on `gm` atomically: on any exception, `gm` is put back exactly as it was, then the error propagates."
+    check_graph_module(gm)
     if id(gm) in _open.get(): yield; return   # an enclosing transaction on gm saves and restores
     snap = _Snapshot(gm)
     token = _open.set(_open.get() | {id(gm)})

@@ -14,6 +14,7 @@ __all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_
            'fewest_syncs_start', 'fewest_syncs_exercise']
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
+from .graph import check_graph_module
 from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
 from .streamops import VectorClocks, decode, physical_stream
 from .simulator import us
@@ -26,6 +27,7 @@ def _launches(n: Node) -> bool: return n.op in ("call_function", "call_method", 
 # %% ../nbs/21a_fewest_syncs.ipynb #f8ec50de
 def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> list[Node]:
     "The `wait_event`s after which the waiting stream knows nothing new: its clock already covers the record's snapshot."
+    check_graph_module(gm)
     ph = lambda i: physical_stream(i, registry if registry is not None else get_registry())
     vc, out = VectorClocks(), []
     for n in gm.graph.nodes:
@@ -40,6 +42,7 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
 # %% ../nbs/21a_fewest_syncs.ipynb #cc3b1357
 def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> tuple[int, int]:
     "Remove the redundant waits, then the records no one waits for any more; `(syncs before, syncs after)`."
+    check_graph_module(gm)
     before = count_syncs(gm)
     for w in redundant_waits(gm, registry):
         if not w.users: gm.graph.erase_node(w)
@@ -70,6 +73,7 @@ def run_passes_fewest_syncs(gm: GraphModule, *, minimize: bool = True, mechanism
                             device: str = "H100", fw_metadata=None, wrap: bool = True) -> GraphModule:
     """`run_stream_passes` with `minimize_syncs` between `insert_backward_syncs` and `sync_deallocations`; the sync counts
     before and after it go in `gm.meta['streamnb_syncs']`. `wrap=False` leaves the syncs bare (for estimates only)."""
+    check_graph_module(gm)
     passes = [p for p in PIPELINE_ORDER if wrap or p != "wrap_all_sync_nodes_with_control_deps"]
     return run_stream_passes(gm, mechanism=mechanism, device=device, fw_metadata=fw_metadata, passes=passes,
                              after=fewest_syncs_after(minimize))

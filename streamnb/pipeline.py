@@ -32,6 +32,7 @@ STREAM_PASSES: dict[str, Callable] = {n: _BY_NAME[n] for n in (*PIPELINE_ORDER, 
 def run_pass(gm: GraphModule, name: str, *args, upstream: bool = False, mechanism: str = "sync_dealloc",
              device: str | DeviceSpec = "H100") -> None:
     "Run stream pass `name` (a key of `STREAM_PASSES`) on `gm`; `args`: what AOTAutograd passes after the graph (`fw_metadata`)."
+    check_graph_module(gm)
     if name not in STREAM_PASSES: raise StreamnbError(f"unknown stream pass {name!r}; one of {', '.join(STREAM_PASSES)}")
     options = dict(mechanism=mechanism, device=device) if name == "sync_deallocations" else {}   # its machine choices
     STREAM_PASSES[name](gm, *args, upstream=upstream, **options)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
+from .graph import check_graph_module
 from .graph import GraphBuilder, streams
 from .exercises import Exercise, insert, remove
 
@@ -66,6 +67,7 @@ def reuse_graph(b_stream: int = 1, protect: str | None = None) -> GraphModule:
 #| code-fold: true
 def wait_exercise_solution(gm: GraphModule) -> GraphModule:
     "The worked solution of `wait_exercise`: the host sync replaced by a record after `a` and a wait just before `c`."
+    check_graph_module(gm)
     remove(gm, "synchronize_stream_default")
     insert(gm, streams.record_event.default, 1, 1, after="a")     # event 1 marks the end of a on stream 1
     insert(gm, streams.wait_event.default, 1, 0, before="c")      # stream 0 waits for it just before c

@@ -19,6 +19,7 @@ __all__ = ['NIMBLE_MAX', 'AssignError', 'Dag', 'compute_dag', 'critical_path', '
            'nimble', 'list_schedule', 'proposals', 'apply_streams']
 
 # %% ../nbs/21_strategies.ipynb #fb9d3d36
+from .graph import check_graph_module
 from .graph import StreamnbError, aten, get_registry, get_stream, is_bwd_node, is_gradient_acc
 from .streamops import alias_source, current_stream_key, decode
 from .cost import get_roofline_estimate
@@ -59,6 +60,7 @@ def _check_no_syncs(gm: GraphModule) -> None:
 def compute_dag(gm: GraphModule, *, device: str = "H100", keep_user: bool = True,
                 cost: Callable[[Node], float] | None = None) -> Dag:
     "The DAG of `gm`'s nodes to assign, with their costs (ms; default the roofline on `device`) and, if `keep_user`, the user's streams."
+    check_graph_module(gm)
     _check_no_syncs(gm)
     cost = cost or (lambda n: get_roofline_estimate(n, device=device))
     index: dict[Node, int] = {}
@@ -256,6 +258,7 @@ def _follow_users(gm: GraphModule, keep: set[Node], default: int) -> None:
 # %% ../nbs/21_strategies.ipynb #e8062b4b
 def apply_streams(gm: GraphModule, dag: Dag, choice: list, keep_user: bool = True) -> None:
     "Annotate the DAG's nodes with `choice`; views and getitems follow their source; accumulations follow the seed's rule."
+    check_graph_module(gm)
     default = current_stream_key(get_registry())
     keep = {n for n in gm.graph.nodes if keep_user and get_stream(n) is not None}
     for n, s in zip(dag.nodes, choice): _put(n, s)

@@ -22,6 +22,16 @@ def one_tensor():
 def broken(): raise ValueError("no weights here")
 def wrong(): return 42
 def not_tensors(): return torch.nn.Linear(2, 2), (3,)
+def quits(): import sys; sys.exit(0)
+class Stop(BaseException): pass
+def stops(): raise Stop("from user code")
+class NegativeStream(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = torch.nn.Parameter(torch.randn(4, 4))
+    def forward(self, x):
+        with torch.fx.traceback.annotate({"stream": -1}): y = x @ self.w
+        return y.sin()
+def negative_stream(): return NegativeStream(), (torch.randn(2, 4),)
 '''
 
 
@@ -70,8 +80,19 @@ def test_user_errors(src, tmp_path, capsys):
     bad = tmp_path / "bad.py"
     bad.write_text("import not_a_module_anywhere\n")
     assert "importing it raised ModuleNotFoundError" in error_line(capsys, ["explain", f"{bad}:factory", *out])
+    assert "quits() called sys.exit(0): a model file must not exit" in error_line(capsys, ["explain", f"{src}:quits", *out])
+    assert "stops() raised Stop: from user code" in error_line(capsys, ["explain", f"{src}:stops", *out])
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\n")
+    assert "importing it called sys.exit(0)" in error_line(capsys, ["explain", f"{exits}:factory", *out])
     assert not (tmp_path / "o").exists()
     with pytest.raises(FactoryError): load_factory(f"{src}:broken")
+
+
+def test_a_graph_that_cannot_run_is_an_error(src, tmp_path, capsys):
+    # stream -1 names no stream: before, `explain` exited 0 on it
+    line = error_line(capsys, ["explain", f"{src}:negative_stream", "--out", str(tmp_path / "o"), "--quiet"])
+    assert "stream annotation -1 is not a stream index" in line and "node " in line
 
 
 def test_command_line_exit_status(src, tmp_path):
