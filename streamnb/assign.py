@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch.fx import GraphModule, Node
 
-from .streamops import StreamOp, decode, reserve_indices_in_use
+from .streamops import StreamOp, check_stream_ops, decode, reserve_indices_in_use
 from .graph import (aten, correction, stream_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
@@ -23,7 +23,7 @@ def acc_stream(node: Node) -> int | None:
     return None
 
 # %% ../nbs/10_backward_streams.ipynb #2c4c2546
-@stream_pass("assign_backward_streams")
+@stream_pass("assign_backward_streams", check=check_stream_ops)
 def assign_backward_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Give each gradient-accumulation node a stream: its first annotated user's, else its first annotated argument's."
     # No known defect: both modes run the seed's rule.
@@ -76,7 +76,7 @@ class CorrectedEpilogue(SeedEpilogue):
         join.prepend(copy)
 
 # %% ../nbs/10_backward_streams.ipynb #605bc25e
-@stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers)
+@stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers, check=check_stream_ops)
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
     p = SeedEpilogue() if upstream else CorrectedEpilogue()

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import heapq
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
@@ -20,8 +21,8 @@ from .graph import StreamnbError
 from .cost import DeviceSpec, get_device_spec, get_roofline_estimate
 
 # %% auto #0
-__all__ = ['SM_COUNTS', 'ELEMENTS_PER_BLOCK', 'Demand', 'sm_count', 'occupancy', 'kernel_demand', 'demand_function',
-           'ContendedClock', 'fair_level']
+__all__ = ['SM_COUNTS', 'ELEMENTS_PER_BLOCK', 'Demand', 'sm_count', 'occupancy', 'kernel_demand', 'DemandError',
+           'demand_function', 'ContendedClock', 'fair_level']
 
 # %% ../nbs/04a_contention.ipynb #e89a5146
 class Demand(NamedTuple):
@@ -71,6 +72,10 @@ def kernel_demand(node: Node, ms: float, device: str | DeviceSpec = "H100") -> D
     return Demand(min(occ, compute / ms), min(occ, memory / ms))
 
 # %% ../nbs/04a_contention.ipynb #029e2ce1
+class DemandError(StreamnbError, TypeError):
+    "A kernel's demand (from a `contention` table or function) that is not two fractions in [0, 1]."
+
+# %% ../nbs/04a_contention.ipynb #e3ee67c8
 def demand_function(contention: bool | Mapping | Callable, device: str | DeviceSpec) -> Callable[[Node, float], Demand]:
     "Turn `simulate`'s `contention` argument into a checked `(node, ms) -> Demand` function."
     if contention is True: raw = lambda n, ms: kernel_demand(n, ms, device)
@@ -79,12 +84,13 @@ def demand_function(contention: bool | Mapping | Callable, device: str | DeviceS
             if n.name not in contention: raise StreamnbError(f"node {n.name}: not in the demand table")
             return contention[n.name]
     elif callable(contention): raw = lambda n, ms: contention(n)
-    else: raise StreamnbError(f"contention must be True, False, a table or a function, not {contention!r}")
+    else: raise TypeError(f"contention: expected True, False, a table or a function, got {type(contention).__name__}")
     def checked(n: Node, ms: float) -> Demand:
-        d = Demand(*raw(n, ms))
-        if not all(0 <= x <= 1 for x in d):
-            raise StreamnbError(f"node {n.name}: demand {tuple(d)} is not two fractions in [0, 1]")
-        return d
+        d = raw(n, ms)
+        if (not isinstance(d, (tuple, list)) or len(d) > 2
+                or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 <= x <= 1 for x in d)):
+            raise DemandError(f"node {n.name}: demand {tuple(d) if isinstance(d, tuple) else d!r} is not two fractions in [0, 1]")
+        return Demand(*d)
     return checked
 
 # %% ../nbs/04a_contention.ipynb #f6e3cee8

@@ -15,9 +15,9 @@ from torch.fx.node import map_arg
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
 from . import fastfx
-from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, begin_pass, correction, get_registry, get_stream,
+from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, correction, stream_pass, get_registry, get_stream,
                             is_bwd_node, is_control_deps, streams)
-from .streamops import OPS
+from .streamops import OPS, StreamOp, check_stream_ops, decode, is_view, schema_args, storages
 
 # %% auto #0
 __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
@@ -93,11 +93,12 @@ class EmptyGraphError(StreamnbError, RuntimeError):
 def check_events_recorded(gm: GraphModule) -> None:
     "Raise `UnknownEventError` naming the first `wait_event` whose event no earlier `record_event` of `gm` records."
     recorded = set()
-    for n in gm.graph.nodes:   # (only call_function nodes have an op as target)
-        if n.target is streams.record_event.default: recorded.add(n.args[0])
-        elif n.target is streams.wait_event.default and n.args[0] not in recorded:
+    for n in gm.graph.nodes:
+        if (op := decode(n, gm)) is None: continue
+        if op.kind == "record_event": recorded.add(op.event)
+        elif op.kind == "wait_event" and op.event not in recorded:
             raise UnknownEventError(
-                f"node {n.name}: wait_event waits on event {n.args[0]}, which no earlier record_event in the graph "
+                f"node {n.name}: wait_event waits on event {op.event}, which no earlier record_event in the graph "
                 "records; record the event in the graph before the wait, or pass upstream=True to wrap it as the seed does")
 
 # %% ../nbs/13_control_deps.ipynb #5e2a0abf
@@ -149,6 +150,58 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
                 extra.append(v); ordered.add(v)
     return extra
 
+# %% ../nbs/13_control_deps.ipynb #20644d69
+def _written_blocks(mem: dict, n: Node) -> list:
+    "The storages that `n` writes in place (the arguments its schema marks `Tensor(a!)`)."
+    out = []
+    for a, nodes in schema_args(n):
+        if a is not None and a.alias_info is not None and a.alias_info.is_write:
+            out += [b for t in nodes for b in _blocks(mem.get(t))]
+    return out
+
+def _blocks(m) -> list:
+    "The storages in an entry of `storages(gm)` (a `Storage`, None, or a nested tuple of them)."
+    if isinstance(m, tuple): return [b for x in m for b in _blocks(x)]
+    return [] if m is None else [m]
+
+# %% ../nbs/13_control_deps.ipynb #a1f629a2
+def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
+    """Each `wait_event` node -> the nodes after it on its stream that write memory in place, or read memory written in
+    place, where the node its event was recorded after made the access they conflict with (a write; for a write, any)."""
+    mem, written, out = storages(gm), set(), {}
+    after: dict = {}                          # event -> (blocks written, blocks used) by the node its record follows
+    waits: dict = {}                          # stream -> [(wait node, what its event was recorded after)]
+    last = (set(), set())
+    for n in gm.graph.nodes:
+        if n.op != "call_function": continue
+        if (op := decode(n, gm)) is not None:
+            if op.kind == "record_event": after[op.event] = last
+            elif op.kind == "wait_event": waits.setdefault(op.stream, []).append((n, after.get(op.event, (set(), set()))))
+            continue
+        reads = {b for i in n.all_input_nodes for b in _blocks(mem.get(i))}
+        writes = set(_written_blocks(mem, n))
+        last = (writes, reads | writes)
+        if n.target is operator.getitem or is_view(n) or not (writes or reads & written): continue
+        for s, ws in waits.items():
+            if not _on(get_stream(n), s): continue
+            for w, (wr, used) in ws:
+                if reads & wr or writes & used: out.setdefault(w, []).append(n)
+        written |= writes
+    return out
+
+# %% ../nbs/13_control_deps.ipynb #41dfe9d5
+def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict) -> list[Node]:
+    "For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it."
+    ordered, extra = set(deps), []
+    for u in memory.get(wait, ()):
+        if u in visited or _depends_on_any(u, ordered, visited): continue
+        ins = [i for i in u.all_input_nodes if i in visited and i.op != "get_attr"]
+        backward = [i for i in ins if not (is_bwd_node(wait) and _is_forward_value(i))]
+        # (else a forward graph input: its getitem is then tagged for the backward, see `wrapped`)
+        i = next(iter(backward or [i for i in ins if i.op == "placeholder"]), None)
+        if i is not None: extra.append(i); ordered.add(i)
+    return extra
+
 # %% ../nbs/13_control_deps.ipynb #eb4f8996
 def _drop_forward(sync_node: Node, deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> list[Node]:
     "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
@@ -178,16 +231,16 @@ def _deallocs_by_record(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
     "Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again)."
     last_record: dict[int, Node] = {}
     deallocs: dict[Node, list[Node]] = {}
-    for n in graph.nodes:   # (only call_function nodes have an op as target)
-        if n.target is streams.record_event.default: last_record[n.args[0]] = n
-        elif n.target is streams.sync_dealloc.default and n.args[0] in last_record:
-            deallocs.setdefault(last_record[n.args[0]], []).append(n)
+    for n in graph.nodes:
+        if (op := decode(n)) is None: continue
+        if op.kind == "record_event": last_record[op.event] = n
+        elif op.kind == "sync_dealloc" and op.event in last_record: deallocs.setdefault(last_record[op.event], []).append(n)
     return deallocs
 
 # %% ../nbs/13_control_deps.ipynb #e383cc52
 def _dealloc_tensors(deallocs: list[Node]) -> list[Node]:
     "The tensors (as they are read now: maybe a getitem of an earlier sync) that `deallocs` free."
-    return [d.args[2] for d in deallocs if isinstance(d.args[2], Node)]
+    return [t for d in deallocs if isinstance(t := decode(d).tensor, Node)]
 
 # %% ../nbs/13_control_deps.ipynb #58f1bf95
 class _DeferredOutput:
@@ -228,7 +281,12 @@ class _DeferredOutput:
 class SeedWrap:
     "The seed's decisions in the wrap pass, one method each; `CorrectedWrap` overrides those the corrections change."
     ops = SYNC_OPS   # the ops the pass wraps
-    def check(self, gm: GraphModule) -> None: "Refuse a graph before any change (the seed refuses nothing)."
+    def read(self, node: Node) -> StreamOp | None:
+        "The sync op `node` is, if the pass wraps it: one of `ops`, called as such (the seed misses the packet form)."
+        return decode(node) if node.target in self.ops else None
+    def check(self, gm: GraphModule) -> None:
+        "Refuse a graph before any change: a malformed or unknown stream op (the seed fails half-way or ignores it)."
+        check_stream_ops(gm)
     def start(self, w: _Walk) -> None: "Set up before the walk (the seed needs nothing)."
     def stream_deps(self, nodes: list[Node]) -> list[Node]:
         "A stream's list of nodes since its last sync, as deps."
@@ -254,14 +312,23 @@ class SeedWrap:
         w.stream_to_nodes.setdefault(get_stream(node), []).append(node)
 
 # %% ../nbs/13_control_deps.ipynb #22c72488
-class CorrectedWrap(SeedWrap):
-    "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
+class _CorrectedReading(SeedWrap):
+    "The default's reading of the graph: every form of the sync ops it wraps (11), and `strict`'s refusal (12)."
     ops = SYNC_OPS + (streams.wait_stream.default,)                                            # 11
     def __init__(self, strict: bool = False): self.strict = strict
+    def read(self, node: Node) -> StreamOp | None:                                             # 11
+        op = decode(node)   # the packet form `torch.ops.streams.record_event` too
+        return op if op is not None and op.target in self.ops else None
     def check(self, gm: GraphModule) -> None:
+        super().check(gm)
         if self.strict: check_events_recorded(gm)                                             # 12
+
+# %% ../nbs/13_control_deps.ipynb #e8db761d
+class CorrectedWrap(_CorrectedReading):
+    "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def start(self, w: _Walk) -> None:
         w.values = {}                                  # every value so far per stream, and the getitems for it (6)
+        w.memory = _memory_after_waits(w.gm)           # wait -> the in-place accesses that only it orders (6)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
         w.forward_ctrls = set()                        # ctrls of forward syncs (7)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)            # 8
@@ -279,34 +346,39 @@ class CorrectedWrap(SeedWrap):
         return _drop_forward(node, deps, w.forward_ctrls)
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
-        return _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
+        extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
+        return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory)
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:                   # 12
         return [*w.graph.find_nodes(op="placeholder"), *deps]
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if not is_bwd_node(node): w.forward_ctrls.add(ctrl)
         if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
+        for g in passthrough if is_bwd_node(node) else ():   # a forward input passed through a backward sync (6)
+            if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
     def add(self, w: _Walk, node: Node) -> None:
         super().add(w, node)
         w.values.setdefault(get_stream(node), []).append(node)
-    def wait_stream(self, w: _Walk, node: Node) -> None:                                       # 11
-        waiting, waited_on = node.args
+    def wait_stream(self, w: _Walk, node: Node, op: StreamOp) -> None:                         # 11
+        waiting, waited_on = op.streams
         ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting)], (waited_on, waiting))
         for s in (waited_on, waiting): w.after_sync(s, ctrl)
 
 # %% ../nbs/13_control_deps.ipynb #e2ca3de1
 _CORRECTIONS = (   # (number, the method that implements it, what the seed does, what the default does instead)
     (6, CorrectedWrap.consumers_inputs, "a consumer after a `wait_event` does not depend on it: a scheduler may hoist "
-     "it (PyTorch #193409)", "its cross-stream inputs are threaded through the wait"),
+     "it (PyTorch #193409)", "its cross-stream inputs are threaded through the wait, and so is an input of an in-place "
+     "write (or a read of memory written in place) that the wait orders"),
     (7, CorrectedWrap.backward_deps, "backward syncs depend on forward values: AOTAutograd's partitioner rejects real "
      "joint graphs", "backward syncs never depend on forward values"),
     (8, CorrectedWrap.stream_deps, "a sync right after another on its stream is left bare and can float",
      "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl"),
     (9, CorrectedWrap.record_deps, "`sync_dealloc` has no data edge from its `record_event`",
      "the freed tensor is threaded through the record"),
-    (11, CorrectedWrap.wait_stream, "leaves `wait_stream` bare (it is not in `_SYNC_OPS`): a user's join can float "
-     "(torch 2.13 wraps it, PR #185627)", "`wait_stream` is wrapped: after the work of both streams, and the waiting "
-     "stream's later consumers read through it"),
+    (11, CorrectedWrap.wait_stream, "leaves `wait_stream` bare (it is not in `_SYNC_OPS`), and every sync called "
+     "through its packet (`torch.ops.streams.record_event`, not `.default`): a user's join can float (torch 2.13 wraps "
+     "`wait_stream`, PR #185627)", "`wait_stream` and the packet forms are wrapped: a `wait_stream` after the work of "
+     "both streams, and the waiting stream's later consumers read through it"),
     (12, CorrectedWrap.external_wait_deps, "wraps a `wait_event` on an event recorded before the graph runs (in the "
      "forward, or by the caller) after its stream's nodes only: what reads the graph's inputs may move above it",
      "such a wait is ordered after the graph's inputs, as newer PyTorch does (`strict=True` refuses it)"),
@@ -358,15 +430,15 @@ class _Walk:
         self.rules.after_barrier(self, ctrl)
 
 # %% ../nbs/13_control_deps.ipynb #1cc58641
-def _event_sync(w: _Walk, node: Node) -> None:
-    "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping."
-    event, target = node.args[0], node.target
+def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
+    "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping (`op`: what `node` is)."
+    event, target = op.event, op.target
     if target is streams.synchronize_event.default:
         stream, deps = w.event_to_stream.get(event), w.all_stream_deps()
         if event not in w.event_to_stream:   # recorded outside the graph: order after the graph's inputs
             deps = [*w.graph.find_nodes(op="placeholder"), *deps]
     else:
-        stream, deps = node.args[1], w.stream_deps(node.args[1])
+        stream, deps = op.stream, w.stream_deps(op.stream)
     if target is not streams.record_event.default and event in w.event_to_ctrl:   # never above its record
         deps = [w.event_to_ctrl[event], *deps]
     if target is streams.synchronize_event.default: deps = [*deps, *w.event_to_passthrough.get(event, ())]
@@ -388,6 +460,7 @@ _PASS = "wrap_all_sync_nodes_with_control_deps"
 _BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
 
 # %% ../nbs/13_control_deps.ipynb #caed4d06
+@stream_pass(_PASS)
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False, strict: bool = False) -> None:
     """Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge.
     `strict=True` (default mode) refuses a `wait_event` on an event that no earlier node of `gm` records."""
@@ -395,7 +468,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
     if len(graph.nodes) == 0: raise EmptyGraphError("Expected a non-empty graph")
     if upstream and strict: raise StreamnbError("strict=True is a check of streamnb's default mode; the seed has none")
     rules = SeedWrap() if upstream else CorrectedWrap(strict)
-    if not begin_pass(gm, _PASS, check=rules.check): return
+    rules.check(gm)   # before any change
     w = _Walk(gm, rules)
     with w.output.held_aside():
         node = next(iter(graph.nodes))
@@ -403,10 +476,12 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
             next_node = node.next
             w.visited.add(node)
             if node.op == "call_function":
-                if node.target in _BARRIERS: w.barrier(node)
-                elif node.target is streams.wait_stream.default and node.target in rules.ops: rules.wait_stream(w, node)
-                elif node.target in rules.ops: _event_sync(w, node)
-                elif "val" in node.meta: rules.add(w, node)
+                op = rules.read(node)   # the sync op it is, whatever the form of its call; None: not one to wrap
+                if op is None:
+                    if "val" in node.meta: rules.add(w, node)
+                elif op.target in _BARRIERS: w.barrier(node)
+                elif op.kind == "wait_stream": rules.wait_stream(w, node, op)
+                else: _event_sync(w, node, op)
             node = next_node
     if w.found_sync: gm.recompile()
 

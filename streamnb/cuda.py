@@ -90,6 +90,14 @@ def _remap_device(x, device: torch.device):
     return device if isinstance(x, torch.device) else x
 
 # %% ../nbs/19_cuda.ipynb #a904fe8c
+def _positional(op, args: tuple, kwargs: dict) -> tuple:
+    "A stream op's fetched arguments in schema order (keyword forms and defaults bound), for the handlers below."
+    schema = op.target._schema.arguments
+    rest = (kwargs[a.name] if a.name in kwargs else a.default_value for a in schema[len(args):]
+            if a.name in kwargs or a.has_default_value())
+    return (*args, *rest)
+
+# %% ../nbs/19_cuda.ipynb #b9983acc
 class StreamInterpreter(torch.fx.Interpreter):
     "Run a processed graph with a backend's streams and events; `timing=True` marks each compute node."
     def __init__(self, gm: GraphModule, backend, *, registry: StreamRegistry | None = None,
@@ -131,13 +139,13 @@ class StreamInterpreter(torch.fx.Interpreter):
     def _wait_event(self, n, event, stream): self.backend.wait(self.recorded_event(event, n), self.stream(stream))
     def _synchronize_event(self, n, event): self.backend.synchronize_event(self.recorded_event(event, n))
     def _synchronize_stream(self, n, stream): self.backend.synchronize_stream(self.stream(stream))
-    def _synchronize_device(self, n, device_type, index): self.backend.synchronize_device(device_type, index)
+    def _synchronize_device(self, n, device_type=None, index=None): self.backend.synchronize_device(device_type, index)
     def _wait_stream(self, n, waiting, waited_on): self.backend.wait_stream(self.stream(waiting), self.stream(waited_on))
     def _sync_dealloc(self, n, event, stream, tensor):
         # `tensor` is alive here because it is this node's argument; the interpreter frees it after this node.
         self.backend.wait(self.recorded_event(event, n), self.stream(stream))
     def _record_stream(self, n, tensor, stream):
-        arg = n.args[0]
+        arg = decode(n).tensor
         self.backend.record_stream(tensor, self.stream(stream), arg.name if isinstance(arg, Node) else str(arg))
 
     def _fork(self, n, from_index, to_index): pass   # the host's current stream: every node names its own stream
@@ -151,6 +159,8 @@ class StreamInterpreter(torch.fx.Interpreter):
         return inner.run(*passthrough)
 
     # -- dispatch ------------------------------------------------------------------------------------------------
+    # (a stream op's arguments are bound to its schema first: keyword forms such as
+    #  `record_event(event_index=7, stream_index=1)` reach the handlers as positional arguments)
     def run_node(self, n: Node) -> Any:
         if n.op != "call_function": return super().run_node(n)
         with self._set_current_node(n):
@@ -162,7 +172,7 @@ class StreamInterpreter(torch.fx.Interpreter):
                 handler = getattr(self, "_" + op.kind, None)
                 if handler is None:
                     raise StreamnbError(f"node {self._where}{n.name}: the executor does not know stream op {op.kind}")
-                return handler(n, *args, **kwargs)
+                return handler(n, *_positional(op, args, kwargs))
             if n.target is operator.getitem: return n.target(*args, **kwargs)
             return self._compute(n, args, kwargs)
 

@@ -6,15 +6,16 @@
 from __future__ import annotations
 
 import bisect
+import operator
 
 import torch
 from torch.fx import Graph, GraphModule, Node
 
 from .cost import DeviceSpec, get_roofline_estimate, val_nodes
-from .graph import (IndexedDict, StreamnbError, begin_pass, get_stream, get_stream_or_current_stream,
-                            is_bwd_node, correction, new_event)
+from .graph import (IndexedDict, StreamnbError, get_stream, stream_pass, validate, get_stream_or_current_stream,
+                            is_bwd_node, is_control_deps, correction, new_event)
 from . import fastfx
-from .streamops import OPS, reserve_indices_in_use
+from .streamops import OPS, Storage, aliases, check_stream_ops, is_view, owner, reserve_indices_in_use, storages
 from .syncs import insert_record_event_after_node
 
 # %% auto #0
@@ -50,6 +51,9 @@ class SeedDealloc:
     def wait_stream(self, node: Node, alloc_ptr: Node) -> int:
         "Step 3: the stream whose `sync_dealloc` frees `node`: asked of `alloc_ptr`, the node it waits after."
         return get_stream_or_current_stream(alloc_ptr)
+    def allocator(self, node: Node) -> Node:
+        "Step 3: the node that allocated `node`'s memory, whose stream and timeline place the free: `node` itself."
+        return node
     def last_uses(self, node: Node) -> list[Node]:
         "Step 4: the reads to protect `node` from: its last user, if that is on another stream and not the output."
         if not node.users: return []
@@ -76,7 +80,22 @@ class CorrectedDealloc(SeedDealloc):
     @correction(2, "12_dealloc", "protects a freed tensor only from the stream of its last user",
                 "every side stream's last use")
     def last_uses(self, node: Node) -> list[Node]:   # (stream ops allocate nothing)
-        return [] if node.target in OPS else _last_use_per_side_stream(node)
+        if node.target in OPS or (users := self.block_users(node)) is None: return []
+        return _last_use_per_side_stream(node, users, get_stream(self.allocator(node)))
+    @correction(15, "12_dealloc", "follows a tensor's direct users: a block read through a view (or a getitem, or an "
+                "in-place write through an alias) on another stream is protected up to the view, which does no GPU work",
+                "follows storage: a block's last use on each stream is the last use of any alias of it")
+    def block_users(self, node: Node) -> list[Node] | None:
+        "Step 4: the users of every alias of the block `node` allocates; None if `node` allocates none to free."
+        return _block_users(self._storage(node.graph), node)
+    def allocator(self, node: Node) -> Node:   # 15: a getitem frees its output of a node with several outputs
+        return owner(self._storage(node.graph)[0], node) or node
+    def _storage(self, graph: Graph) -> tuple:
+        "The storage model (chapter 02) of `graph`, read once: (node -> memory, block -> aliases)."
+        if getattr(self, "_graph", None) is not graph:
+            self._graph, self._mem = graph, storages(graph)
+            self._aliases = aliases(self._mem)
+        return self._mem, self._aliases
     def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a backward node reads
         return {v for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) for v in val_nodes(n)}
 
@@ -163,21 +182,22 @@ def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
 # %% ../nbs/12_dealloc.ipynb #9029a377
 def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node) -> None:
     "The seed's `handle_synced_deallocation`, asking `p` at each decision."
-    if not is_bwd_node(node) or not is_bwd_node(last_usage):
+    alloc = p.allocator(node)   # the seed: `node` itself
+    if not is_bwd_node(alloc) or not is_bwd_node(last_usage):
         raise AssertionError("synced allocations should only be handled on backward nodes")
-    if get_stream(node) == get_stream(last_usage):
+    if get_stream(alloc) == get_stream(last_usage):
         raise AssertionError("allocating and side stream should be different for synced deallocations")
     if p.mechanism == "record_stream":   # the seed: `if not torch.cuda.is_available()`
         go_on = p.record_stream(graph, node, last_usage)
         node.meta["partitioner_tag"] = "must_be_in_backward"
         if not go_on: return
-    allocating_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(node))
+    allocating_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(alloc))
     side_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(last_usage))
-    alloc_ptr = _find_alloc_ptr(allocating_stream_trace, node, side_stream_trace[last_usage])
+    alloc_ptr = _find_alloc_ptr(allocating_stream_trace, alloc, side_stream_trace[last_usage])
     wait_event = new_event()
     record_node = insert_record_event_after_node(graph, last_usage, wait_event)
     with graph.inserting_after(max(alloc_ptr, record_node)):
-        fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(node, alloc_ptr), node))
+        fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(alloc, alloc_ptr), node))
     node.meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/12_dealloc.ipynb #3d14b6a4
@@ -188,22 +208,37 @@ def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | No
     _handle(_policy(upstream, mechanism, device), graph, stream_to_exec_trace, node, last_usage)
 
 # %% ../nbs/12_dealloc.ipynb #11fd5b15
-def _last_use_per_side_stream(node: Node) -> list[Node]:
-    "The last use of `node` on each stream other than its own, in graph order; none if the output uses it."
+def _last_use_per_side_stream(node: Node, users=None, stream: int | None = None) -> list[Node]:
+    """The last use of `node` (or of `users`, its block's) on each stream other than its own (or `stream`), in graph
+    order; none if the output uses it."""
     last: dict = {}
-    for user in node.users:
+    for user in (node.users if users is None else users):
         if user.op == "output": return []
         if user.op != "call_function" or user.target in OPS or not is_bwd_node(user): continue
         s = get_stream(user)
         if s not in last or user > last[s]: last[s] = user
-    return sorted(u for s, u in last.items() if s != get_stream(node))
+    return sorted(u for s, u in last.items() if s != (get_stream(node) if users is None else stream))
+
+# %% ../nbs/12_dealloc.ipynb #4baeeb2c
+def _no_gpu_work(n: Node) -> bool:
+    "A getitem, a view or a control_deps node: it reads no memory on the device."
+    return n.op == "call_function" and (n.target is operator.getitem or is_view(n) or is_control_deps(n))
+
+# %% ../nbs/12_dealloc.ipynb #1d89b198
+def _block_users(storage: tuple, node: Node) -> list[Node] | None:
+    "The users of every alias of the block `node` frees (see above), in graph order; None if `node` frees none."
+    mem, al = storage
+    m = mem.get(node)
+    if not isinstance(m, Storage) or not m.owned or next(a for a in al[m] if mem[a] == m) is not node: return None
+    return sorted({u for a in al[m] for u in a.users if not _no_gpu_work(u)})
 
 # %% ../nbs/12_dealloc.ipynb #8cd594f4
+@stream_pass("sync_deallocations", check=check_stream_ops)
 def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: str = "sync_dealloc",
                        device: str | DeviceSpec = "H100") -> None:
     "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
     p = _policy(upstream, mechanism, device)
-    if not begin_pass(gm, "sync_deallocations", need_val=p.need_val(gm)): return
+    validate(gm, p.need_val(gm))   # before any change
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     stream_to_exec_trace = p.timelines(gm.graph)
     for node in gm.graph.nodes:

@@ -24,13 +24,13 @@ from torch.fx.node import map_arg
 from . import fastfx
 
 # %% auto #0
-__all__ = ['INT64_MAX', 'BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_index', 'set_stream',
-           'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps', 'flat_args', 'StreamRegistry',
-           'get_registry', 'use_registry', 'new_event', 'get_current_stream', 'get_stream_or_current_stream',
-           'GraphBuilder', 'describe', 'canonical', 'StreamnbError', 'StreamAnnotationError', 'MissingValError',
-           'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict', 'check_graph_module', 'validate',
-           'already_processed', 'mark_processed', 'begin_pass', 'transaction', 'stream_pass', 'Correction',
-           'correction', 'corrections_table']
+__all__ = ['INT64_MAX', 'BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_graph_module',
+           'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps',
+           'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
+           'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical', 'StreamnbError',
+           'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict',
+           'validate', 'already_processed', 'mark_processed', 'transaction', 'stream_pass', 'Correction', 'correction',
+           'corrections_table']
 
 # %% ../nbs/01_graph.ipynb #659d8eb0
 aten = torch.ops.aten
@@ -49,6 +49,12 @@ def get_stream(node: Node) -> int | None:
     if ind is None or (type(ind) is int and 0 <= ind <= INT64_MAX): return ind
     check_index(node, ind, "stream annotation")
     return int(ind)
+
+def check_graph_module(gm: Any, arg: str = "gm") -> None:
+    "A `TypeError` naming the argument unless `gm` is a `torch.fx.GraphModule`."
+    if not isinstance(gm, GraphModule):
+        hint = " (pass the GraphModule, not its .graph)" if isinstance(gm, Graph) else ""
+        raise TypeError(f"{arg}: expected a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
 
 def check_index(node: Node, ind: Any, what: str) -> None:
     "Raise a `StreamAnnotationError` naming `node` unless `ind` is a stream or event index: an int in int64, not negative."
@@ -341,27 +347,26 @@ class IndexedDict(MutableMapping, Generic[K, V]):
 PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
-def check_graph_module(gm: Any, arg: str = "gm") -> None:
-    "A `TypeError` naming the argument unless `gm` is a `torch.fx.GraphModule`."
-    if not isinstance(gm, GraphModule):
-        hint = " (pass the GraphModule, not its .graph)" if isinstance(gm, Graph) else ""
-        raise TypeError(f"{arg}: expected a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
-
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
     """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph, a bad stream
-    annotation, a `call_module` node with a stream, or a missing `meta['val']` on a node of `need_val`."""
+    annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one), or a
+    missing `meta['val']` on a node of `need_val`."""
     check_graph_module(gm)
     seen: set[Node] = set()
     for n in gm.graph.nodes:
         for a in n.all_input_nodes:
-            if a not in seen:
-                where = "is not a node of this graph" if a.graph is not gm.graph else "comes after it"
-                raise StreamnbError(f"node {n.name}: its argument {a.name} {where} (the graph fails lint())")
+            if a not in seen:   # defined later, erased, or a node of another graph
+                raise StreamnbError(f"node {n.name}: its argument {a.name} is not a node defined before it in this "
+                                    "graph (the graph fails lint())")
         seen.add(n)
         if get_stream(n) is not None and n.op == "call_module":
             raise StreamnbError(f"node {n.name}: a call_module node on stream {get_stream(n)}: streamnb cannot see the "
                                 "ops inside a module; inline it first (trace without leaf modules)")
-        if "val" not in n.meta and n in need_val: get_val(n)
+        if "val" not in n.meta:
+            if n in need_val: get_val(n)
+        elif isinstance(n.meta["val"], (str, bytes)):
+            raise StreamnbError(f"node {n.name}: meta['val'] is a {type(n.meta['val']).__name__}, not a value a traced "
+                                "op makes (a fake or meta tensor, a SymInt or a number)")
 
 # %% ../nbs/01_graph.ipynb #40530b88
 def _marks(gm: GraphModule) -> tuple:
@@ -381,17 +386,6 @@ def mark_processed(gm: GraphModule, name: str) -> None:
     check_graph_module(gm)
     gm.meta["streamnb_passes"] = [*gm.meta.get("streamnb_passes", ()), name]
     gm.graph._streamnb_passes = (*getattr(gm.graph, "_streamnb_passes", ()), name)
-
-# %% ../nbs/01_graph.ipynb #b972d732
-def begin_pass(gm: GraphModule, name: str, need_val: Collection[Node] = (),
-               check: Callable[[GraphModule], None] | None = None) -> bool:
-    "Validate `gm` for pass `name` and mark it processed; False (with a warning) if it must not run again on it."
-    check_graph_module(gm)
-    if already_processed(gm, name): return False
-    validate(gm, need_val)
-    if check is not None: check(gm)
-    mark_processed(gm, name)
-    return True
 
 # %% ../nbs/01_graph.ipynb #826dbe47
 _open: contextvars.ContextVar[frozenset] = contextvars.ContextVar("streamnb_transactions", default=frozenset())

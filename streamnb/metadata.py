@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from .graph import StreamnbError, check_graph_module, get_stream
+from .graph import StreamnbError, get_stream, validate
+from .streamops import check_stream_ops
 
 # %% auto #0
 __all__ = ['MissingOutputError', 'populate_fw_metadata_with_stream_indices']
@@ -23,7 +24,7 @@ class MissingOutputError(StreamnbError, AssertionError):
 def populate_fw_metadata_with_stream_indices(gm: GraphModule, fw_metadata: Any, *, upstream: bool = False) -> None:
     "Set `fw_metadata.mutated_inp_stream_indices` to the streams of the graph's first `num_mutated_inp_runtime_indices` outputs."
     # No known defect: both modes run the seed's rule.
-    check_graph_module(gm)
+    validate(gm); check_stream_ops(gm)   # it changes no graph, but reads one: refuse a bad one naming the node
     num_mutated_inps = getattr(fw_metadata, "num_mutated_inp_runtime_indices", None)
     if isinstance(num_mutated_inps, bool) or not isinstance(num_mutated_inps, int) or num_mutated_inps < 0:
         raise TypeError(f"fw_metadata: expected AOTAutograd's ViewAndMutationMeta (an object whose "

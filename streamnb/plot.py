@@ -144,7 +144,7 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
     marker to draw, from `MARKS` (None: all); kernels are always drawn."""
     if not timelines: raise ValueError("plot_timeline needs at least one Timeline")
     for i, tl in enumerate(timelines):
-        if not isinstance(tl, Timeline):
+        if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
             raise TypeError(f"timelines: argument {i} is a {type(tl).__name__}, not a Timeline (make one with simulate(gm))")
     marks = _marks(marks)
     titles = list(titles) if titles is not None else [tl.name or f"timeline {i}" for i, tl in enumerate(timelines)]

@@ -13,25 +13,26 @@ from .graph import GraphBuilder, streams
 from .exercises import Exercise, insert, remove
 
 # %% auto #0
-__all__ = ['US', 'ABC_COST', 'ABC_SYNCS', 'REUSE_COST', 'PROTECTIONS', 'abc_graph', 'reuse_graph', 'wait_exercise_solution',
-           'wait_exercise']
+__all__ = ['US', 'ABC_COST', 'ABC_SYNCS', 'EVENT', 'REUSE_COST', 'PROTECTIONS', 'abc_graph', 'reuse_graph', 'wait_exercise',
+           'wait_exercise_solution']
 
 # %% ../nbs/00_primer.ipynb #cf40c948
 US = 1e-3                                      # one µs, in the simulator's unit (ms)
 ABC_COST = {"a": 5 * US, "b": 2 * US, "c": 1 * US}
 ABC_SYNCS = ("wait_event", "synchronize_event", "synchronize_stream", "synchronize_device")
+EVENT = 7                                      # the event that marks the end of a: a number no stream has
 
 def abc_graph(a_stream: int = 0, sync: str | None = None, early: bool = False) -> GraphModule:
     """`a = x*x` on `a_stream`, then `b = -x` and `c = a + b` on stream 0. `sync` (one of `ABC_SYNCS`) orders `c` after
-    `a`: placed just before `c`, or just before `b` if `early`."""
+    `a` (event `EVENT` where it needs one): placed just before `c`, or just before `b` if `early`."""
     if sync is not None and sync not in ABC_SYNCS: raise ValueError(f"sync must be one of {ABC_SYNCS}, got {sync!r}")
     g = GraphBuilder()
     x = g.input("x")
     a = g.op(torch.ops.aten.mul.Tensor, x, x, stream=a_stream, name="a")
     def order():
-        if sync in ("wait_event", "synchronize_event"): g.sync(streams.record_event.default, 1, a_stream)
-        if sync == "wait_event": g.sync(streams.wait_event.default, 1, 0)
-        if sync == "synchronize_event": g.sync(streams.synchronize_event.default, 1)
+        if sync in ("wait_event", "synchronize_event"): g.sync(streams.record_event.default, EVENT, a_stream)
+        if sync == "wait_event": g.sync(streams.wait_event.default, EVENT, 0)
+        if sync == "synchronize_event": g.sync(streams.synchronize_event.default, EVENT)
         if sync == "synchronize_stream": g.sync(streams.synchronize_stream.default, a_stream)
         if sync == "synchronize_device": g.sync(streams.synchronize_device.default)
     if early: order()
@@ -54,29 +55,30 @@ def reuse_graph(b_stream: int = 1, protect: str | None = None) -> GraphModule:
     x = g.input("x")
     a = g.op(aten.mul.Tensor, x, x, stream=0, name="a")
     if b_stream != 0:
-        g.sync(streams.record_event.default, 1, 0)
-        g.sync(streams.wait_event.default, 1, b_stream)
+        g.sync(streams.record_event.default, 8, 0)          # event 8: a is done (on stream 0)
+        g.sync(streams.wait_event.default, 8, b_stream)
     b = g.op(aten.neg.default, a, stream=b_stream, name="b")
     if protect == "record_stream": g.sync(streams.record_stream.default, a, b_stream)
-    if protect == "sync_dealloc": g.sync(streams.record_event.default, 2, b_stream)
+    if protect == "sync_dealloc": g.sync(streams.record_event.default, 9, b_stream)   # event 9: b is done
     c = g.op(aten.add.Tensor, x, x, stream=0, name="c")
-    if protect == "sync_dealloc": g.sync(streams.sync_dealloc.default, 2, 0, a)
+    if protect == "sync_dealloc": g.sync(streams.sync_dealloc.default, 9, 0, a)
     return g.output(b, c)
-
-# %% ../nbs/00_primer.ipynb #e37812e1
-#| code-fold: true
-def wait_exercise_solution(gm: GraphModule) -> GraphModule:
-    "The worked solution of `wait_exercise`: the host sync replaced by a record after `a` and a wait just before `c`."
-    check_graph_module(gm)
-    remove(gm, "synchronize_stream_default")
-    insert(gm, streams.record_event.default, 1, 1, after="a")     # event 1 marks the end of a on stream 1
-    insert(gm, streams.wait_event.default, 1, 0, before="c")      # stream 0 waits for it just before c
-    return gm
 
 # %% ../nbs/00_primer.ipynb #a591ae26
 def wait_exercise():
     "The primer's exercise (an `Exercise` of `streamnb.exercises`): order `c` after `a` without blocking the host."
     return Exercise(title="Wait without blocking the host",
                     task="Replace the host sync: order c after a with the fewest syncs, without slowing anything down.",
-                    start=lambda: abc_graph(1, "synchronize_stream", early=True), solution=wait_exercise_solution,
+                    start=lambda: abc_graph(1, "synchronize_stream", early=True),
+                    solution=lambda gm: wait_exercise_solution(gm),   # defined after the learner's answer cell
                     cost=ABC_COST)
+
+# %% ../nbs/00_primer.ipynb #265e2f75
+#| code-fold: true
+def wait_exercise_solution(gm: GraphModule) -> GraphModule:
+    "The worked solution of `wait_exercise`: the host sync replaced by a record after `a` and a wait just before `c`."
+    check_graph_module(gm)
+    remove(gm, "synchronize_stream_default")
+    insert(gm, streams.record_event.default, EVENT, 1, after="a")     # event 7 marks the end of a on stream 1
+    insert(gm, streams.wait_event.default, EVENT, 0, before="c")      # stream 0 waits for it just before c
+    return gm

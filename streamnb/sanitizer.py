@@ -12,8 +12,9 @@ from typing import Any, Callable, Collection
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps
-from .streamops import (Storage, StreamOp, VectorClocks, current_stream_key, decode, is_view, physical_stream,
+from .graph import StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, validate, is_control_deps
+from .streamops import (Storage, StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view,
+                                physical_stream,
                                 schema_args, storages)
 from .simulator import simulate
 
@@ -399,6 +400,21 @@ def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
                  severity="warning")
 
 # %% ../nbs/07_sanitizer.ipynb #038df16c
+def _check_args(gm, reorder, registry, current_streams, estimate) -> None:
+    "A `TypeError` naming the first of `sanitize`'s arguments of the wrong type; then the graph validated and every stream op decoded."
+    check_graph_module(gm)
+    if not isinstance(reorder, bool): raise TypeError(f"reorder: expected a bool, got {type(reorder).__name__}")
+    if registry is not None and not isinstance(registry, StreamRegistry):
+        raise TypeError(f"registry: expected a StreamRegistry or None, got {type(registry).__name__}")
+    if current_streams is not None and (isinstance(current_streams, (str, bytes)) or not isinstance(current_streams, Collection)
+                                        or not all(isinstance(i, int) and not isinstance(i, bool) for i in current_streams)):
+        raise TypeError(f"current_streams: expected a collection of stream indices (ints) or None, got {current_streams!r}")
+    if estimate is not None and not callable(estimate):
+        raise TypeError(f"estimate: expected a function node -> time or None, got {type(estimate).__name__}")
+    validate(gm)           # lint, stream annotations, call_module with a stream, text vals
+    check_stream_ops(gm)
+
+# %% ../nbs/07_sanitizer.ipynb #07e86311
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
              current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None) -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never
@@ -409,6 +425,7 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     `current_streams` run on the current stream; every other index is a stream of its own. Given neither `registry` nor
     `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
     warning that names them and lists the errors the graph would have if they were not."""
+    _check_args(gm, reorder, registry, current_streams, estimate)
     reg = registry if registry is not None else get_registry()
     unknown = unknown_streams(gm, reg) if registry is None and current_streams is None else {}
     san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)))

@@ -5,6 +5,7 @@
 # %% ../nbs/04_simulate.ipynb #aa464681
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,14 +16,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream
-from .streamops import (StreamOp, VectorClocks, current_stream_key, decode, is_view, owner,
+from .graph import StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, validate
+from .streamops import (StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view, owner,
                                physical_stream, storages)
-from .cost import get_roofline_estimate
+from .cost import DeviceSpec, get_roofline_estimate
 from .contention import ContendedClock, demand_function
 
 # %% auto #0
-__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'us', 'Timeline', 'is_alias', 'simulate']
+__all__ = ['Wait', 'SyncOp', 'Flow', 'UnorderedRead', 'UnsafeFree', 'Lifetime', 'us', 'Timeline', 'is_alias', 'CostError',
+           'simulate']
 
 # %% ../nbs/04_simulate.ipynb #a2c36e43
 @dataclass
@@ -322,10 +324,15 @@ def _cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, d
             return cost[n.name]
     else: raw = cost
     def checked(n: Node) -> float:
-        ms = float(raw(n))
-        if not ms >= 0: raise StreamnbError(f"node {n.name}: cost {ms!r} ms is not a non-negative number")
-        return ms
+        ms = raw(n)
+        if isinstance(ms, bool) or not isinstance(ms, numbers.Real) or not ms >= 0:
+            raise CostError(f"node {n.name}: cost {ms!r} ms is not a non-negative number")
+        return float(ms)
     return checked
+
+# %% ../nbs/04_simulate.ipynb #9fab7be9
+class CostError(StreamnbError, TypeError):
+    "A kernel's cost (from `simulate`'s `cost`) that is not a non-negative number of ms."
 
 # %% ../nbs/04_simulate.ipynb #53be9128
 def last_uses(nodes: list[Node], base: dict[Node, Node | None]) -> dict[Node, int | None]:
@@ -354,6 +361,21 @@ def settle(st: SimState, value: Callable) -> None:
     tl.contended = True
 
 # %% ../nbs/04_simulate.ipynb #10edbf86
+def _check_args(gm, cost, device, registry, launch_overhead, name) -> None:
+    "A `TypeError` naming the first of `simulate`'s arguments of the wrong type; then the graph validated and every stream op decoded."
+    check_graph_module(gm)
+    if cost is not None and not isinstance(cost, Mapping) and not callable(cost):
+        raise TypeError(f"cost: expected a function node -> ms, a table {{name: ms}} or None, got {type(cost).__name__}")
+    if not isinstance(device, (str, DeviceSpec)): raise TypeError(f"device: expected a name or a DeviceSpec, got {type(device).__name__}")
+    if registry is not None and not isinstance(registry, StreamRegistry):
+        raise TypeError(f"registry: expected a StreamRegistry or None, got {type(registry).__name__}")
+    if isinstance(launch_overhead, bool) or not isinstance(launch_overhead, numbers.Real) or not launch_overhead >= 0:
+        raise TypeError(f"launch_overhead: expected a non-negative number of ms, got {launch_overhead!r}")
+    if name is not None and not isinstance(name, str): raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
+    validate(gm)           # lint, stream annotations, call_module with a stream, text vals
+    check_stream_ops(gm)
+
+# %% ../nbs/04_simulate.ipynb #c2fc95f7
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str = "H100", registry: StreamRegistry | None = None, launch_overhead: float = 0.0,
              name: str | None = None, contention: bool | Mapping | Callable = False) -> Timeline:
@@ -362,6 +384,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04a); or a table / function giving each kernel's
     `Demand` by hand."""
+    _check_args(gm, cost, device, registry, launch_overhead, name)
     reg = registry if registry is not None else get_registry()
     clock = None if contention is False else ContendedClock(demand_function(contention, device))
     st = SimState(current_stream_key(reg), launch_overhead, clock)

@@ -13,11 +13,13 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, get_registry, get_stream, is_control_deps, streams
+from .graph import (StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, is_control_deps,
+                            streams)
 
 # %% auto #0
-__all__ = ['OPS', 'OpSpec', 'StreamOp', 'decode', 'indices_in_use', 'reserve_indices_in_use', 'current_stream_key',
-           'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'owner']
+__all__ = ['OPS', 'INDEX_MAX', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use',
+           'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks', 'schema_args',
+           'alias_source', 'is_view', 'Storage', 'storages', 'owner', 'aliases']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -62,31 +64,103 @@ class StreamOp:
         return self.streams[0] if self.streams else None
 
 # %% ../nbs/02_streamops.ipynb #eb201f89
-def _inner(node: Node, gm: GraphModule | None) -> tuple:
-    "The one call in a control_deps node's subgraph, and its args with its placeholders mapped to the node's operands."
-    mod = getattr(gm if gm is not None else node.graph.owning_module, node.args[1].target)
-    ph = {p: i for i, p in enumerate(n for n in mod.graph.nodes if n.op == "placeholder")}
-    call = next(n for n in mod.graph.nodes if n.op == "call_function")
-    outer = lambda a: node.args[2 + ph[a]] if isinstance(a, Node) and a in ph and 2 + ph[a] < len(node.args) else a
-    return call, tuple(outer(a) for a in call.args)
+class StreamOpError(StreamnbError, ValueError):
+    "A malformed stream op: a missing or extra argument, an index that is not an int in [0, 2**63-1], a corrupt `control_deps`."
 
 # %% ../nbs/02_streamops.ipynb #e2c8d0c1
+def _subgraph(node: Node, gm: GraphModule | None) -> GraphModule:
+    "The subgraph a `control_deps` node runs: its args[1] must be a get_attr of a GraphModule."
+    attr = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(attr, Node) or attr.op != "get_attr":
+        raise StreamOpError(f"node {node.name}: a control_deps node whose args[1] is not a get_attr of its subgraph")
+    owner_mod = gm if gm is not None else node.graph.owning_module
+    mod = getattr(owner_mod, attr.target, None) if isinstance(attr.target, str) else None
+    if not isinstance(mod, GraphModule):
+        raise StreamOpError(f"node {node.name}: a control_deps node whose subgraph {attr.target!r} is not a GraphModule")
+    return mod
+
+# %% ../nbs/02_streamops.ipynb #b65b5802
+def _inner(node: Node, gm: GraphModule | None) -> tuple:
+    """The one call in a control_deps node's subgraph, and its args and kwargs with its placeholders mapped to the node's
+    operands; an error naming the node for a corrupt one (no subgraph, not exactly one call, a nested control_deps)."""
+    mod = _subgraph(node, gm)
+    ph = {p: i for i, p in enumerate(n for n in mod.graph.nodes if n.op == "placeholder")}
+    calls = [n for n in mod.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    if len(calls) != 1 or calls[0].op != "call_function":
+        raise StreamOpError(f"node {node.name}: a control_deps subgraph must hold exactly one call_function, it has "
+                            f"{[c.name for c in calls]}")
+    call = calls[0]
+    if is_control_deps(call): raise StreamOpError(f"node {node.name}: a control_deps nested in a control_deps")
+    def outer(a):
+        if not (isinstance(a, Node) and a in ph): return a
+        if 2 + ph[a] >= len(node.args):
+            raise StreamOpError(f"node {node.name}: its subgraph's placeholder {a.name} has no operand")
+        return node.args[2 + ph[a]]
+    return call, tuple(outer(a) for a in call.args), {k: outer(a) for k, a in call.kwargs.items()}
+
+# %% ../nbs/02_streamops.ipynb #d6b6f251
+def _overload(t):
+    "An `OpOverloadPacket` target (`torch.ops.streams.record_event`) is its `.default`; any other target is itself."
+    return getattr(t, "default", t) if isinstance(t, torch._ops.OpOverloadPacket) else t
+
+# %% ../nbs/02_streamops.ipynb #8f60f654
+INDEX_MAX = 2**63 - 1   # stream and event indices are int64s
+
+def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
+    "The op's arguments in schema order (positional and keyword forms alike), checked where `spec` reads them."
+    schema = target._schema.arguments
+    unknown = set(kwargs) - {a.name for a in schema}
+    if len(args) > len(schema) or unknown:
+        raise StreamOpError(f"node {node.name}: {spec.kind} takes {len(schema)} arguments "
+                            f"({', '.join(a.name for a in schema)}), got {len(args)} positional and {sorted(kwargs)}")
+    missing = object()
+    bound = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else missing)
+             for i, a in enumerate(schema)]
+    for i in (*(() if spec.event is None else (spec.event,)), *spec.streams):
+        v = bound[i]
+        if v is missing: raise StreamOpError(f"node {node.name}: {spec.kind} is missing its argument '{schema[i].name}'")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INDEX_MAX:
+            raise StreamOpError(f"node {node.name}: {spec.kind}'s {schema[i].name} {v!r} is not an int in [0, 2**63-1]")
+    if spec.tensor is not None:
+        t = bound[spec.tensor]
+        v = t.meta.get("val") if isinstance(t, Node) else None
+        holds_tensor = isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list))   # the seed deallocates a
+                                                        and any(isinstance(x, torch.Tensor) for x in v))  # multi-output node
+        if not isinstance(t, Node) or ("val" in t.meta and not holds_tensor):
+            raise StreamOpError(f"node {node.name}: {spec.kind}'s {schema[spec.tensor].name} must be a tensor node, "
+                                f"got {'nothing' if t is missing else repr(t)}")
+    return tuple(b for b in bound if b is not missing)
+
+# %% ../nbs/02_streamops.ipynb #f291b29e
 def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
-    "The stream op `node` performs (the wrapped op for a `control_deps` node), or None if it performs none."
+    """The stream op `node` performs (the wrapped op for a `control_deps` node), or None if it performs none; a
+    `StreamOpError` naming the node for a malformed one."""
     if node.op != "call_function": return None
-    call, args = node, node.args
-    if not isinstance(node.target, torch._ops.OpOverload):   # a control_deps node, a getitem, a Python function
+    call, args, kwargs, target = node, node.args, node.kwargs, _overload(node.target)
+    if not isinstance(target, torch._ops.OpOverload):   # a control_deps node, a getitem, a Python function
         if not is_control_deps(node): return None
-        call, args = _inner(node, gm)
-    target = call.target
+        call, args, kwargs = _inner(node, gm)
+        target = _overload(call.target)
     spec = OPS.get(target)
     if spec is None:
         if getattr(target, "namespace", None) == "streams":
             raise StreamnbError(f"node {node.name}: unknown stream op {target} (add a row to streamops.OPS)")
         return None
+    args = _bind(node, target, tuple(args), dict(kwargs), spec)
     at = lambda i: None if i is None or i >= len(args) else args[i]
     return StreamOp(spec.kind, at(spec.event), tuple(at(i) for i in spec.streams), at(spec.tensor), node,
-                    target, tuple(args), spec.host, call)
+                    target, args, spec.host, call)
+
+# %% ../nbs/02_streamops.ipynb #14901036
+def check_stream_ops(gm: GraphModule) -> None:
+    """Decode every node of `gm`, raising on the first malformed stream op (see `decode`), and refuse a `call_module`
+    node with a stream annotation: streamnb cannot see the ops inside a module."""
+    check_graph_module(gm)
+    for n in gm.graph.nodes:
+        decode(n, gm)
+        if n.op == "call_module" and get_stream(n) is not None:
+            raise StreamOpError(f"node {n.name}: a call_module node on stream {get_stream(n)}: streamnb cannot see the "
+                                "ops inside a module; inline it first (trace without leaf modules)")
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
 def indices_in_use(gm: GraphModule) -> set[int]:
@@ -173,7 +247,7 @@ class VectorClocks:
 # %% ../nbs/02_streamops.ipynb #a8d1604f
 def schema_args(n: Node) -> list:
     "Pairs (argument schema, or None without a schema; the nodes passed in it) for a call."
-    t = n.target
+    t = _overload(n.target)
     if not isinstance(t, torch._ops.OpOverload): return [(None, _leaves(n.args) + _leaves(n.kwargs))]
     return [(a, _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))) for i, a in enumerate(t._schema.arguments)]
 
@@ -185,21 +259,25 @@ def _leaves(v) -> list:
 
 # %% ../nbs/02_streamops.ipynb #4bb7727d
 @functools.lru_cache(maxsize=None)
-def _aliased_args(t) -> tuple:
-    "(position, name) of the arguments of op `t` whose alias set its first return shares (a view's or in-place op's)."
-    s = t._schema
-    ret = s.returns[0].alias_info if s.returns else None
-    if ret is None: return ()
-    return tuple((i, a.name) for i, a in enumerate(s.arguments)
-                 if a.alias_info is not None and a.alias_info.before_set & ret.before_set)
+def _return_aliases(t) -> tuple:
+    """Per return of op `t`, the (position, name) of the argument whose block it shares, or None: a view's `Tensor(a)`,
+    an in-place or out= op's `Tensor(a!)`, and a list of views `Tensor(a)[]` (`split`, `chunk`, `unbind`: their argument
+    is `Tensor(a -> *)`, the list's element set is not spelled out)."""
+    s, out = t._schema, []
+    for r in s.returns:
+        ri = r.alias_info
+        out.append(None if ri is None else next(
+            ((i, a.name) for i, a in enumerate(s.arguments) if a.alias_info is not None
+             and (a.alias_info.before_set & ri.before_set or (not ri.before_set and "*" in a.alias_info.after_set))), None))
+    return tuple(out)
 
 # %% ../nbs/02_streamops.ipynb #2ca5893a
 def alias_source(n: Node) -> Node | None:
-    "For a view or in-place op, the argument node whose block its output shares (`Tensor(a)` / `Tensor(a!)` returns)."
-    if not isinstance(n.target, torch._ops.OpOverload): return None
-    for i, name in _aliased_args(n.target):
-        if nodes := _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(name)): return nodes[0]
-    return None
+    "For a view or in-place op, the argument node whose block its (first) output shares; `split`'s list of views too."
+    t = _overload(n.target)
+    if not isinstance(t, torch._ops.OpOverload) or not (ret := _return_aliases(t)) or ret[0] is None: return None
+    i, name = ret[0]
+    return nodes[0] if (nodes := _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(name))) else None
 
 # %% ../nbs/02_streamops.ipynb #7fb0b97b
 @functools.lru_cache(maxsize=None)
@@ -210,8 +288,8 @@ def _is_view_op(t) -> bool:
 
 # %% ../nbs/02_streamops.ipynb #fad622d7
 def is_view(n: Node) -> bool:
-    "True for an op that only makes a new view of its input: it touches no memory on the device (as in CSAN)."
-    return isinstance(n.target, torch._ops.OpOverload) and _is_view_op(n.target)
+    "True for an op that only makes new views of its input (`t`, `view`, `split`, ...): it touches no memory on the device (as in CSAN)."
+    return isinstance(t := _overload(n.target), torch._ops.OpOverload) and _is_view_op(t)
 
 # %% ../nbs/02_streamops.ipynb #f3ab1c49
 @dataclass(unsafe_hash=True, slots=True)
@@ -226,29 +304,44 @@ class Storage:
 def _is_tensor(v) -> bool: return isinstance(v, torch.Tensor)
 
 # %% ../nbs/02_streamops.ipynb #1a0ad851
-def storages(gm: GraphModule) -> dict:
+def _aliased(mem: dict, n: Node, srcs: tuple) -> Any:
+    "The memory of a node whose returns alias its arguments (`srcs`, from `_return_aliases`), or None when unknown."
+    v = n.meta.get("val")
+    def arg_mem(src):
+        nodes = _leaves(n.args[src[0]] if src[0] < len(n.args) else n.kwargs.get(src[1]))
+        m = mem.get(nodes[0]) if nodes else None
+        return m if isinstance(m, Storage) else None
+    if len(srcs) == 1:   # a view, an in-place op, or a list of views (split): every element shares the argument's block
+        m = arg_mem(srcs[0])
+        return None if m is None else tuple(m for _ in v) if isinstance(v, (list, tuple)) else m
+    vs = v if isinstance(v, (list, tuple)) else [None] * len(srcs)
+    return tuple(arg_mem(src) if src is not None else Storage(n, i) if _is_tensor(x) else None
+                 for i, (src, x) in enumerate(zip(srcs, vs)))
+
+# %% ../nbs/02_streamops.ipynb #e37e1dec
+def storages(gm: GraphModule | torch.fx.Graph) -> dict:
     """Each node's memory: a `Storage`, or a tuple with one entry per output (None where it holds no tensor; a tuple
-    where a passthrough has several outputs) for a node with several outputs or a `control_deps` node; nodes without
-    memory (stream ops, non-tensor values) are absent."""
+    where a passthrough has several outputs) for a node with several outputs, a list of views (`split`) or a
+    `control_deps` node; nodes without memory (stream ops, non-tensor values) are absent."""
     mem: dict = {}
-    for n in gm.graph.nodes:
+    for n in (gm.graph if isinstance(gm, GraphModule) else gm).nodes:   # (a Graph will do)
         if n.op in ("placeholder", "get_attr"):
             if n.op == "placeholder" or _is_tensor(n.meta.get("val")): mem[n] = Storage(n)
             continue
         if n.op != "call_function": continue
         if n.target is operator.getitem:
             src, i = n.args
-            if isinstance(mem.get(src), tuple) and isinstance(i, int) and i < len(mem[src]) and mem[src][i] is not None:
-                mem[n] = mem[src][i]
+            m = mem.get(src)
+            if isinstance(m, tuple) and isinstance(i, int) and -len(m) <= i < len(m) and m[i] is not None: mem[n] = m[i]
+            elif isinstance(m, Storage) and is_view(src): mem[n] = m   # a list of views without a `val`
             continue
         if is_control_deps(n):   # (the op's result, *passthrough): the passthroughs are the same tensors
             mem[n] = (None, *(mem.get(a) if isinstance(a, Node) else None for a in n.args[2:]))
             continue
-        if n.target in OPS: continue   # a stream op holds no memory
-        if (src := alias_source(n)) is not None:
-            if src in mem and not isinstance(mem[src], tuple):
-                v = n.meta.get("val")
-                mem[n] = tuple(mem[src] for _ in v) if isinstance(v, (list, tuple)) else mem[src]
+        t = _overload(n.target)
+        if t in OPS: continue   # a stream op holds no memory
+        if isinstance(t, torch._ops.OpOverload) and any(srcs := _return_aliases(t)):
+            if (m := _aliased(mem, n, srcs)) is not None: mem[n] = m
             continue
         v = n.meta.get("val")
         if isinstance(v, (list, tuple)): mem[n] = tuple(Storage(n, i) if _is_tensor(x) else None for i, x in enumerate(v))
@@ -268,3 +361,13 @@ def owner(mem: dict, n: Node) -> Node | None:
     if isinstance(m, Storage): return m.node
     if isinstance(m, tuple) and not is_control_deps(n) and len(nodes := {x.node for x in _flat(m)}) == 1: return nodes.pop()
     return None
+
+# %% ../nbs/02_streamops.ipynb #1567117f
+def aliases(mem: dict) -> dict:
+    """Each block (`Storage`) -> the nodes whose value holds it, in graph order: its allocation (a node with several
+    outputs and its getitems), its views, the in-place ops that write it, a list of its views (`split`) and its getitems,
+    the `control_deps` nodes that pass it through."""
+    out: dict = {}
+    for n, m in mem.items():
+        for st in (_flat(m) if isinstance(m, tuple) else [m]): out.setdefault(st, []).append(n)
+    return {st: list(dict.fromkeys(ns)) for st, ns in out.items()}

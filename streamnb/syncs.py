@@ -5,18 +5,21 @@
 # %% ../nbs/11_syncs.ipynb #4732fc8e
 from __future__ import annotations
 
+import operator
+
 import torch
+import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import OPS, reserve_indices_in_use
-from .graph import (begin_pass, correction, flat_args, get_device, get_stream, get_stream_or_current_stream,
-                            is_bwd_node, new_event, streams)
+from .streamops import check_stream_ops, decode, is_view, reserve_indices_in_use, storages
+from .graph import (StreamnbError, correction, stream_pass, validate, flat_args, get_device, get_stream,
+                            get_stream_or_current_stream, is_bwd_node, new_event, streams)
 
 # %% auto #0
-__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'SeedSyncs', 'CorrectedSyncs', 'insert_sync',
-           'insert_backward_syncs']
+__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'HostValueError', 'SeedSyncs', 'CorrectedSyncs',
+           'insert_sync', 'insert_backward_syncs']
 
 # %% ../nbs/11_syncs.ipynb #e0c77d2c
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
@@ -35,6 +38,10 @@ def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> N
     return wait
 
 # %% ../nbs/11_syncs.ipynb #c2b3c990
+class HostValueError(StreamnbError, TypeError):
+    "A host value (no tensor in its `meta['val']`) crosses streams where the seed would read its device (`upstream=True`)."
+
+# %% ../nbs/11_syncs.ipynb #9ae0f753
 class SeedSyncs:
     "The seed's decisions in `insert_backward_syncs`, one method each; `CorrectedSyncs` overrides those the corrections change."
     def new_wait(self, consumer: Node, producer: Node, node_to_wait_event_ind: dict, recorded: bool) -> bool:
@@ -43,8 +50,15 @@ class SeedSyncs:
     def write_after_read(self, gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
         "Step 3: each in-place writer's `(last user, written tensor)` pairs to wait for: none."
         return {}
+    def host_values(self, edges: list[tuple[Node, Node]]) -> None:
+        "Step 4: cross-stream `(consumer, producer)` edges of host values. The seed reads their device and fails: refuse."
+        for consumer, producer in edges[:1]:
+            raise HostValueError(
+                f"node {producer.name}: its value ({type(producer.meta['val']).__name__}) holds no tensor but is read on "
+                f"another stream by {consumer.name}; the seed reads its device and fails (torch 2.13: AttributeError). A "
+                "host value needs no device sync: run without upstream=True")
 
-# %% ../nbs/11_syncs.ipynb #9ae0f753
+# %% ../nbs/11_syncs.ipynb #8484bb8f
 class CorrectedSyncs(SeedSyncs):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     @correction(1, "11_syncs", "waits only before the *first* cross-stream consumer of a value: a consumer on a third "
@@ -55,9 +69,15 @@ class CorrectedSyncs(SeedSyncs):
         if waiting in node_to_wait_event_ind: return False
         node_to_wait_event_ind[waiting] = node_to_wait_event_ind[producer]
         return True
-    @correction(10, "11_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams",
-                "write-after-read syncs: the writer waits for the last use on each other stream")
+    @correction(10, "11_syncs", "an in-place write (an epilogue `copy_`) is not ordered after reads on other streams, "
+                "nor a read through an alias after the write", "memory syncs: a write waits for the last access on each "
+                "other stream, a read for the last in-place write on each other stream, through any alias (views, "
+                "in-place results, the pieces of a split); the wrap pass orders them along data edges")
     def write_after_read(self, gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]: return _war_syncs(gm)
+    @correction(16, "11_syncs", "a host value (a `SymInt` from `sym_size`, an int) made on one stream and read on "
+                "another: reads its `.device` and fails (`AttributeError`)", "a host value needs no device sync: "
+                "such edges get none")
+    def host_values(self, edges: list[tuple[Node, Node]]) -> None: pass   # the pass skips them
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
 def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
@@ -87,20 +107,43 @@ def _written_args(node: Node) -> list[Node]:
         map_arg(v, out.append)
     return out
 
+# %% ../nbs/11_syncs.ipynb #c5a5c1ff
+def _host_value(node: Node) -> bool:
+    "Does `node` make a host value (a `SymInt`, an int, a float, a bool, None): a `meta['val']` that holds no tensor?"
+    return "val" in node.meta and not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta["val"]))
+
+def _touches_memory(node: Node) -> bool:
+    "Does `node` run a kernel on device memory? Not a view, a `getitem`, a stream op, nor a node that makes a host value."
+    return (node.target is not operator.getitem and decode(node) is None and not is_view(node)
+            and not _host_value(node))
+
+def _blocks(m) -> list:
+    "The storages in `storages(gm)[n]` (a `Storage`, None, or a nested tuple of them)."
+    if isinstance(m, tuple): return [b for x in m for b in _blocks(x)]
+    return [] if m is None else [m]
+
 # %% ../nbs/11_syncs.ipynb #d4adfe8d
 def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
-    "For each backward in-place writer: `(last user, tensor)` for each other stream that used the written tensor before it."
-    bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and n.target not in OPS]
+    """For each backward node that must wait for earlier accesses to memory it shares with them, through any alias:
+    `(earlier node, tensor)` pairs. A write waits for the last access on each other stream, a read for the last write."""
+    mem = storages(gm)
+    bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and _touches_memory(n)]
     written = {n: ts for n in bwd if (ts := _written_args(n))}
-    last: dict[Node, dict] = {t: {} for ts in written.values() for t in ts}   # tensor -> {stream: last user so far}
+    last = {b: {} for ts in written.values() for t in ts for b in _blocks(mem.get(t))}   # block -> {stream: last access}
+    wrote = {b: {} for b in last}                                                       # block -> {stream: last write}
     out: dict[Node, list[tuple[Node, Node]]] = {}
     for n in bwd:
-        s = get_stream(n)
-        for t in written.get(n, ()):
-            pairs = [(user, t) for user_stream, user in last[t].items() if user_stream != s]
-            if pairs: out.setdefault(n, []).extend(pairs)
+        s, pairs = get_stream(n), []
+        for t in written.get(n, ()):   # a write after accesses (reads, writes) on other streams
+            pairs += [(u, t) for b in _blocks(mem.get(t)) for us, u in last[b].items() if us != s]
+        for t in n.all_input_nodes:    # a read after writes on other streams
+            pairs += [(u, t) for b in _blocks(mem.get(t)) if b in wrote for us, u in wrote[b].items() if us != s]
+        if pairs: out[n] = list(dict.fromkeys(pairs))
         for t in n.all_input_nodes:
-            if t in last: last[t][s] = n
+            for b in _blocks(mem.get(t)):
+                if b in last: last[b][s] = n
+        for t in written.get(n, ()):
+            for b in _blocks(mem.get(t)): wrote[b][s] = n
     return out
 
 # %% ../nbs/11_syncs.ipynb #4884264e
@@ -120,31 +163,38 @@ def _crosses_streams(consumer: Node, producer: Node) -> bool:
     return producer.op == "call_function" and is_bwd_node(producer) and get_stream(producer) != get_stream(consumer)
 
 # %% ../nbs/11_syncs.ipynb #6fa2a49e
-def _val_readers(gm: GraphModule) -> set[Node]:
-    "The nodes whose `meta['val']` `insert_backward_syncs` reads."
+def _cross_edges(gm: GraphModule) -> list[tuple[Node, Node]]:
+    "The `(consumer, producer)` edges the pass looks at: a backward producer read by a backward node on another stream."
+    return [(consumer, producer) for consumer in gm.graph.nodes if consumer.op == "call_function" and is_bwd_node(consumer)
+            for producer in flat_args(consumer) if _crosses_streams(consumer, producer)]
+
+# %% ../nbs/11_syncs.ipynb #2931d027
+def _val_readers(edges: list[tuple[Node, Node]]) -> set[Node]:
+    "The nodes whose `meta['val']` `insert_backward_syncs` reads on `edges`."
     need = set()
-    for consumer in gm.graph.nodes:
-        if consumer.op != "call_function" or not is_bwd_node(consumer): continue
-        for producer in flat_args(consumer):
-            if not _crosses_streams(consumer, producer): continue
-            need.add(producer)   # its device decides whether to sync
-            if (get_stream(consumer) is None and "val" in producer.meta
-                    and getattr(producer.meta["val"], "device", None) != torch.device("cpu")):
-                need.add(consumer)   # its current stream is looked up by its device
+    for consumer, producer in edges:
+        if _host_value(producer): continue   # no device: nothing more to read
+        need.add(producer)   # its device decides whether to sync
+        if (get_stream(consumer) is None and "val" in producer.meta
+                and getattr(producer.meta["val"], "device", None) != torch.device("cpu")):
+            need.add(consumer)   # its current stream is looked up by its device
     return need
 
-# %% ../nbs/11_syncs.ipynb #b649a599
+# %% ../nbs/11_syncs.ipynb #655be6f7
+@stream_pass("insert_backward_syncs", check=check_stream_ops)
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
     p = SeedSyncs() if upstream else CorrectedSyncs()
     war = p.write_after_read(gm)   # found before any insertion
-    if not begin_pass(gm, "insert_backward_syncs", need_val=_val_readers(gm) | _war_val_readers(war)): return
+    edges = _cross_edges(gm)
+    p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
+    validate(gm, _val_readers(edges) | _war_val_readers(war))   # before any change
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node):
             for arg in flat_args(node):
-                if _crosses_streams(node, arg) and get_device(arg).type != "cpu":
+                if _crosses_streams(node, arg) and not _host_value(arg) and get_device(arg).type != "cpu":
                     _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind)
             for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":

@@ -22,6 +22,7 @@ are registered before the passes allocate theirs.
 from __future__ import annotations
 
 import collections
+import operator
 import random
 
 import torch
@@ -178,3 +179,182 @@ def random_dag_graph(seed: int, *, n_ops: int = 16000, p_side: float = 0.4, n_si
         values.append(n)
     outs = [n for n in b.graph.nodes if n.op != "placeholder" and not n.users]
     return b.output(*outs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Aliasing-heavy graphs on many streams (issue 22)
+# ---------------------------------------------------------------------------------------------------------------
+
+ALIAS_EVENTS = tuple(range(40, 44))   # few user events, so they are reused, across streams too
+VIEW_OPS = ("t", "transpose", "view", "slice_expand")
+INPLACE_OPS = (aten.add_.Tensor, aten.mul_.Tensor, aten.copy_.default)
+MULTI_OPS = ("native_layer_norm", "native_layer_norm_backward", "var_mean", "topk")
+SPLIT_OPS = ("split", "split_with_sizes", "chunk", "unbind")
+
+
+def _writable(v) -> bool:
+    "No two elements of `v` share memory (an in-place op may write it)."
+    return all(st != 0 or sz == 1 for st, sz in zip(v.stride(), v.shape))
+
+
+def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = None, n_primals: int = 2,
+                       n_tangents: int = 2, p_view: float = 0.2, p_inplace: float = 0.12, p_multi: float = 0.1,
+                       p_split: float = 0.1, p_user_sync: float = 0.15, p_keyword: float = 0.5,
+                       p_unannotated: float = 0.05, p_acc: float = 0.05, p_stay: float = 0.4, p_copy: float = 0.0,
+                       size: int = 4) -> GraphModule:
+    """A random backward-like graph with aliasing on many streams, the same for the same arguments.
+
+    Besides `random_backward_graph`'s elementwise ops and `mm`: views (`t`, `transpose`, `view`, `slice` then
+    `expand`) annotated on another stream than their base; in-place `add_`/`mul_`/`copy_` into intermediates, also
+    through a view; multi-output ops (`native_layer_norm` and its backward, `var_mean`, `topk`) whose getitems are
+    annotated on other streams; `split`/`split_with_sizes`/`chunk`/`unbind` with getitems on other streams, their
+    pieces read and put back with `cat`/`stack`; user `record_event`/`wait_event`/`synchronize_event` in positional or
+    keyword form (`p_keyword`), with few event indices (`ALIAS_EVENTS`) so they are recorded again on other streams.
+    `n_streams=None` draws 8..12 (indices 0..n-1; 0 is the current stream). Every value in the pool is `size x size`
+    float32 on the meta device. In-place writes never target a graph input (the epilogue `copy_`s of `p_copy` do)."""
+    rng = random.Random(seed)
+    if n_streams is None: n_streams = rng.randint(8, 12)
+    N = size
+    b = GraphBuilder(shape=(N, N))
+    primals = [b.input(f"primals_{i + 1}", tag="is_forward") for i in range(n_primals)]
+    tangents = [b.input(f"tangents_{i + 1}") for i in range(n_tangents)]
+    pool = primals + tangents        # N x N float values
+    base = {n: n for n in pool}      # value -> the node that owns its memory (the generator's own alias map)
+    stream_of: dict = {}
+    recorded: list[int] = []
+    last_stream = 0
+
+    def pick(exclude_base=None):
+        for _ in range(8):
+            v = pool[max(0, len(pool) - 1 - int(rng.expovariate(0.25)))]
+            if exclude_base is None or base[v] != exclude_base: return v
+        return None
+
+    def stream():
+        nonlocal last_stream
+        if rng.random() < p_unannotated: return None
+        if rng.random() >= p_stay: last_stream = rng.randrange(n_streams)
+        return last_stream
+
+    def other_stream(s):
+        "A stream other than `s` (the point of these nodes)."
+        return rng.choice([i for i in range(n_streams) if i != s]) if n_streams > 1 else s
+
+    def op(target, *args, s="draw", owner=None, keep=True, **kw):
+        s = stream() if s == "draw" else s
+        n = b.op(target, *args, stream=s, **kw)
+        stream_of[n] = s
+        base[n] = n if owner is None else owner
+        if keep: pool.append(n)
+        return n
+
+    def view():
+        src = pick(); s = other_stream(stream_of.get(src, 0) or 0)
+        kind = rng.choice(VIEW_OPS)
+        if kind == "t": return op(aten.t.default, src, s=s, owner=base[src])
+        if kind == "transpose": return op(aten.transpose.int, src, 0, 1, s=s, owner=base[src])
+        if kind == "view" and src.meta["val"].is_contiguous(): return op(aten.view.default, src, [N, N], s=s, owner=base[src])
+        row = op(aten.slice.Tensor, src, 0, 0, 1, s=s, owner=base[src], keep=False)
+        return op(aten.expand.default, row, [N, N], s=other_stream(s), owner=base[src])
+
+    def inplace():
+        cands = [v for v in pool[-12:] if base[v] not in primals + tangents and _writable(v.meta["val"])]
+        if not cands: return compute()
+        dst = rng.choice(cands)
+        src = pick(exclude_base=base[dst])
+        if src is None: return compute()
+        s = other_stream(stream_of.get(dst, 0) or 0) if rng.random() < 0.5 else stream()
+        return op(rng.choice(INPLACE_OPS), dst, src, s=s, owner=base[dst])
+
+    def getitems(node, s, count):
+        return [op(operator.getitem, node, i, s=other_stream(s) if rng.random() < 0.7 else s, owner=(node, i), keep=False)
+                for i in range(count)]
+
+    def widen(col):
+        "An N x 1 value, viewed as N x N on another stream."
+        return op(aten.expand.default, col, [N, N], s=other_stream(stream_of.get(col, 0) or 0), owner=base[col])
+
+    def multi():
+        kind = rng.choice(MULTI_OPS); src = pick(); s = stream()
+        if kind in ("native_layer_norm", "native_layer_norm_backward"):
+            ln = op(aten.native_layer_norm.default, src, [N], None, None, 1e-5, s=s, keep=False)
+            out, mean, rstd = getitems(ln, s, 3)
+            pool.append(out)
+            if kind == "native_layer_norm": return widen(rng.choice([mean, rstd]))
+            bw = op(aten.native_layer_norm_backward.default, pick(), src, [N], mean, rstd, None, None,
+                    [True, False, False], s=stream(), keep=False)
+            (gi,) = getitems(bw, stream_of[bw], 1)   # outputs 1 and 2 are None
+            pool.append(gi)
+            return gi
+        if kind == "var_mean":
+            vm = op(aten.var_mean.correction, src, [1], correction=1, keepdim=True, s=s, keep=False)
+            var, mean = getitems(vm, s, 2)
+            return widen(rng.choice([var, mean]))
+        tk = op(aten.topk.default, src, N, -1, s=s, keep=False)
+        values, indices = getitems(tk, s, 2)
+        pool.append(values)
+        return values
+
+    def split():
+        kind = rng.choice(SPLIT_OPS); src = pick(); s = stream()
+        if kind == "split": node, k = op(aten.split.Tensor, src, N // 2, s=s, owner=base[src], keep=False), 2
+        elif kind == "split_with_sizes": node, k = op(aten.split_with_sizes.default, src, [1, N - 1], s=s, owner=base[src], keep=False), 2
+        elif kind == "chunk": node, k = op(aten.chunk.default, src, 2, s=s, owner=base[src], keep=False), 2
+        else: node, k = op(aten.unbind.int, src, s=s, owner=base[src], keep=False), N
+        pieces = [op(operator.getitem, node, i, s=other_stream(s), owner=base[src], keep=False) for i in range(k)]
+        read = [op(rng.choice(UNARY), p, s=stream(), keep=False) if rng.random() < 0.5 else p for p in pieces]
+        return op(aten.stack.default if kind == "unbind" else aten.cat.default, read, s=stream())
+
+    def compute():
+        if rng.random() < 0.4: return op(rng.choice(UNARY), pick())
+        return op(rng.choice(BINARY), pick(), pick())
+
+    def user_sync():
+        r = rng.random()
+        kw = rng.random() < p_keyword
+        def sync(target, names, args):
+            if not kw: return b.sync(target, *args)
+            n = b.graph.call_function(target, (), dict(zip(names, args)))
+            return n
+        if recorded and r < 0.45:
+            sync(streams.wait_event.default, ("event_index", "stream_index"), (rng.choice(recorded), rng.randrange(n_streams)))
+        elif recorded and r < 0.55:
+            sync(streams.synchronize_event.default, ("event_index",), (rng.choice(recorded),))
+        else:
+            s = stream_of.get(pool[-1]); s = 0 if s is None else s
+            e = rng.choice(ALIAS_EVENTS)
+            sync(streams.record_event.default, ("event_index", "stream_index"), (e, s))
+            recorded.append(e)
+
+    made = 0
+    while made < n_nodes:
+        r = rng.random()
+        if r < p_view: view()
+        elif r < p_view + p_inplace: inplace()
+        elif r < p_view + p_inplace + p_multi: multi()
+        elif r < p_view + p_inplace + p_multi + p_split: split()
+        elif r < p_view + p_inplace + p_multi + p_split + p_acc: op(aten.add.Tensor, pick(), pick(), s=None, acc=True)
+        else: compute()
+        made += 1
+        if rng.random() < p_user_sync: user_sync()
+    if p_copy and rng.random() < p_copy * 10:
+        for p in rng.sample(primals, rng.randint(1, len(primals))):
+            src = pick(exclude_base=p)
+            if src is not None: b.op(aten.copy_.default, p, src, val=p.meta["val"])
+    outs = [n for n in b.graph.nodes if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
+            and not n.users]
+    seen = set(outs)
+    for n in rng.sample(pool, min(3, len(pool))):
+        if n not in seen and n.op != "placeholder": outs.append(n); seen.add(n)
+    return b.output(*outs)
+
+
+def alias_graphs(**fixed):
+    """A hypothesis strategy of `random_alias_graph` graphs (seed and mix drawn, `fixed` kwargs kept)."""
+    from hypothesis import strategies as st
+    opts = dict(n_nodes=st.integers(4, 28), n_streams=st.integers(8, 12), p_view=st.sampled_from([0.1, 0.25]),
+                p_inplace=st.sampled_from([0.0, 0.1, 0.2]), p_multi=st.sampled_from([0.05, 0.15]),
+                p_split=st.sampled_from([0.05, 0.15]), p_user_sync=st.sampled_from([0.0, 0.15, 0.3]),
+                p_keyword=st.sampled_from([0.0, 0.5, 1.0]), p_copy=st.sampled_from([0.0, 0.1]))
+    opts.update({k: st.just(v) for k, v in fixed.items()})
+    return st.builds(random_alias_graph, st.integers(0, 2**32 - 1), **opts)

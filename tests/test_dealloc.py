@@ -502,3 +502,76 @@ def test_record_stream_deferred_free_is_drawn_where_it_happens():
         assert not [a for a in fig.axes[0].get_children() if str(a.get_gid()).startswith("unsafe_free")]
     finally:
         plt.close(fig)
+
+
+# ---------------------------------------------------------------- correction 15: dealloc follows storage
+
+def alias_graph(kind):
+    """`a` made on s0 (data synced to s1), read on s1 only through an alias: a view (`t`), an in-place write through a
+    view, a getitem of split/split_with_sizes/chunk/unbind; or ("multi") the getitems of a two-output op read on s1."""
+    import operator
+    b = GraphBuilder(); x = b.input("tangents_1")
+    if kind == "multi":
+        vm = b.op(aten.var_mean.correction, x, [0], stream=0)
+        b.sync(REC, 1, 0); b.sync(streams.wait_event.default, 1, 1)
+        v0, v1 = (b.op(operator.getitem, vm, i, stream=1) for i in (0, 1))
+        y = b.op(aten.add.Tensor, v0, v1, stream=1)
+    else:
+        a = b.op(aten.add.Tensor, x, x, stream=0)
+        b.sync(REC, 1, 0); b.sync(streams.wait_event.default, 1, 1)
+        if kind == "view": v = b.op(aten.t.default, a, stream=1)
+        elif kind == "inplace": v = b.op(aten.add_.Tensor, b.op(aten.t.default, a, stream=1), 1.0, stream=1)
+        else:
+            op, *args = {"split": (aten.split.Tensor, 2), "split_with_sizes": (aten.split_with_sizes.default, [2, 2]),
+                         "chunk": (aten.chunk.default, 2), "unbind": (aten.unbind.int,)}[kind]
+            v = b.op(operator.getitem, b.op(op, a, *args, stream=1), 0, stream=1)
+        y = b.op(aten.add.Tensor, v, v, stream=1)   # the real last reader of a's block
+    return b.output(y, b.op(aten.neg.default, x, stream=0))
+
+
+def judged(gm, **kw):
+    "Run the pass; the sanitizer's unsafe reuses and the simulator's unsafe frees of its output."
+    from streamnb.sanitizer import sanitize
+    from streamnb.simulator import simulate
+    reg = run(gm, **kw)
+    gm.recompile()
+    rep, tl = sanitize(gm, registry=reg), simulate(gm, registry=reg)
+    return [e.nodes[0] for e in rep.errors if e.kind == "unsafe_reuse"], [u.reader for u in tl.unsafe_frees], rep
+
+
+@pytest.mark.parametrize("kind", ["view", "inplace", "split", "split_with_sizes", "chunk", "unbind"])
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_15_dealloc_follows_storage(upstream, kind):
+    san, sim, rep = judged(alias_graph(kind), upstream=upstream)
+    assert san == sim                       # the sanitizer and the simulator agree on the reuse
+    assert rep.ok and san == [], rep        # the seed syncs after the view (no GPU work), not after add_1
+
+
+def test_correction_15_seed_record_follows_the_view():
+    gm = alias_graph("view")
+    run(gm, upstream=True)
+    (d,) = nodes(gm, DEALLOC)
+    rec = next(r for r in nodes(gm, REC) if r.args[0] == d.args[0])
+    assert rec.prev.name == "t" and d.args[2].name == "add"
+    gm = alias_graph("view")
+    run(gm)
+    (d,) = nodes(gm, DEALLOC)
+    rec = next(r for r in nodes(gm, REC) if r.args[0] == d.args[0])
+    assert rec.prev.name == "add_1" and d.args[2].name == "add" and d.args[1] == 0
+
+
+def test_multi_output_getitems_on_another_stream_each_freed():
+    "Each output of var_mean, read on s1 through its getitem, gets its own sync_dealloc on s0 (the allocating stream)."
+    san, sim, rep = judged(alias_graph("multi"))
+    assert rep.ok and san == sim == []
+    gm = alias_graph("multi"); run(gm)
+    assert sorted((d.args[1], d.args[2].name) for d in nodes(gm, DEALLOC)) == [(0, "getitem"), (0, "getitem_1")]
+
+
+@pytest.mark.parametrize("mechanism", ["sync_dealloc", "record_stream"])
+def test_views_and_allocations_on_one_stream_need_nothing(mechanism):
+    gm = alias_graph("view")
+    for n in gm.graph.nodes:
+        if n.meta.get("custom"): n.meta["custom"] = {"stream": 0}
+    run(gm, mechanism=mechanism)
+    assert not nodes(gm, DEALLOC) and not nodes(gm, RSTREAM)

@@ -1,5 +1,6 @@
 """streamnb.exercises: the solution passes, and each kind of wrong answer is caught with the problem named. The
 exercises are built on the primer's graphs (`streamnb.primer`, chapter 00), not on graphs of their own."""
+import re
 import subprocess
 import sys
 from functools import partial
@@ -31,8 +32,8 @@ EX = Exercise("order c after a", "fewest syncs, no slower", two_streams, solve, 
 
 def dealloc_solution(gm):
     "On `reuse_graph()`: a (stream 0) is read by b on stream 1 and freed after it; c on stream 0 allocates meanwhile."
-    insert(gm, REC, 2, 1, after="b")
-    insert(gm, DEALLOC, 2, 0, exmod.node(gm, "a"), after="c")   # free a only once b is done, after c
+    insert(gm, REC, 9, 1, after="b")
+    insert(gm, DEALLOC, 9, 0, exmod.node(gm, "a"), after="c")   # free a only once b is done, after c
     return gm
 
 
@@ -57,7 +58,9 @@ def test_missing_wait_is_a_race():
     g = check(EX, a)
     assert not g.ok
     assert g.report is not None and [e.kind for e in g.report.errors] == ["race"]
-    assert any(p.startswith("race on a: c (stream 0) and a (stream 1)") for p in g.problems), g.problems
+    assert any(p.startswith("race on a: c (stream 0) and a (stream 1)") and
+               p.endswith("Fix: record an event on stream 1 after a and wait for it on stream 0 before c")
+               for p in g.problems), g.problems
 
 
 def test_early_free_is_unsafe_reuse():
@@ -67,6 +70,7 @@ def test_early_free_is_unsafe_reuse():
     assert [e.kind for e in g.report.errors] == ["unsafe_reuse"]
     (p,) = g.problems
     assert p.startswith("unsafe reuse: a's memory goes back to stream 0's pool") and "b (stream 1)" in p
+    assert "Fix: record an event on stream 1 after b and free a only once it has happened" in p
 
 
 def test_wait_on_unknown_event():
@@ -82,10 +86,12 @@ def test_extra_sync():
     a = solve(EX.start())
     insert(a, WAIT, 1, 0, before="c")          # a second wait for the same event
     g = EX.check(a)
-    assert g.problems == ["1 sync more than needed (3; the worked solution has 2)"]
+    (p,) = g.problems
+    assert p.startswith("1 sync more than needed (3; the worked solution has 2): wait_event_default_1 (wait_event on "
+                        "stream 0). Fix: remove")
     assert (g.syncs, g.best_syncs) == (3, 2) == (count_syncs(a), count_syncs(EX.best()))
     insert(a, WAIT, 1, 0, before="c")
-    assert EX.check(a).problems == ["2 syncs more than needed (4; the worked solution has 2)"]
+    assert EX.check(a).problems[0].startswith("2 syncs more than needed (4; the worked solution has 2)")
 
 
 def test_slower_placement():
@@ -94,7 +100,9 @@ def test_slower_placement():
     insert(a, WAIT, 1, 0, before="b")          # stream 0 idles before b instead of before c
     g = EX.check(a)
     assert g.makespan_us == pytest.approx(8.0) and g.best_makespan_us == pytest.approx(6.0)
-    assert g.problems == ["makespan 8 µs; the best is 6 µs"]
+    (p,) = g.problems
+    assert p.startswith("makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle 5 µs") and \
+        "Fix: move it later, just before the first node on stream 0 that needs" in p
     move(a, "b", before="a")                   # moving b ahead of the wait fixes it
     assert EX.check(a).ok
 
@@ -106,7 +114,7 @@ def test_deleted_work():
     b.sync(REC, 1, 1); b.sync(WAIT, 1, 0)
     c = b.op(aten.add.Tensor, a, x, stream=0, name="c")   # the start graph's b dropped
     g = EX.check(b.output(c, a))
-    assert not g.ok and "work missing: 1 × aten.neg.default (the start graph's b)" in g.problems
+    assert not g.ok and g.problems[0].startswith("work missing: node b (aten.neg.default) is gone; fix: put it back")
 
 
 def test_extra_work_and_bad_input():
@@ -116,7 +124,7 @@ def test_extra_work_and_bad_input():
     n.meta["custom"] = {"stream": 0}
     a.recompile()
     g = check(Exercise("e", "t", two_streams, solve, cost={**ABC_COST, n.name: 0.0}), a)
-    assert f"extra work: 1 × aten.neg.default (the answer's {n.name})" in g.problems
+    assert f"extra work: node {n.name} (aten.neg.default) is not in the start graph; fix: remove it" in g.problems
     g = EX.check(a)                            # the cost table does not know the new node: said, not raised
     assert any(p.startswith("the answer cannot be simulated") for p in g.problems)
     with pytest.raises(StreamnbError):
@@ -163,3 +171,188 @@ def test_course_sits_on_top():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "False"
+
+
+# --- every exercise of the course: the worked solution passes, and the wrong answers learners give are caught, each
+# with the right reason (the node named, and the fix). Exercises are found in the package, not listed by hand.
+
+import importlib
+import inspect
+import pkgutil
+
+import streamnb
+from streamnb.graph import set_stream
+
+SYNC_EV, SYNC_ST, SYNC_DEV = (streams.synchronize_event.default, streams.synchronize_stream.default,
+                              streams.synchronize_device.default)
+WAIT_STREAM = streams.wait_stream.default
+
+
+def all_exercises():
+    "Every zero-argument function of the package whose name ends in `_exercise` and that returns an Exercise."
+    found = {}
+    for m in pkgutil.iter_modules(streamnb.__path__):
+        mod = importlib.import_module(f"streamnb.{m.name}")
+        for name, f in vars(mod).items():
+            if name.endswith("_exercise") and inspect.isfunction(f) and f.__module__ == mod.__name__ \
+                    and not inspect.signature(f).parameters:
+                ex = f()
+                if isinstance(ex, Exercise): found[f"{m.name}.{name}"] = f
+    return found
+
+
+def _edit(*steps):
+    "An answer: the exercise's start graph, then `steps` (each a function of the graph)."
+    def make(ex):
+        gm = ex.start()
+        for s in steps: s(gm)
+        return gm
+    return make
+
+
+def _ins(target, *args, **where): return lambda gm: insert(gm, target, *args, **where)
+def _rm(name): return lambda gm: remove(gm, name)
+def _mv(name, **where): return lambda gm: move(gm, name, **where)
+def _stream(name, s): return lambda gm: set_stream(exmod.node(gm, name), s)
+def _call(f): return lambda gm: f(gm)
+
+
+def _rewire(name, old, new):
+    def step(gm):
+        n = exmod.node(gm, name)
+        n.replace_input_with(exmod.node(gm, old), exmod.node(gm, new))
+        gm.recompile()
+    return step
+
+
+def _pipeline(*skip):
+    from streamnb.graph import PIPELINE_ORDER
+    from streamnb.pipeline import run_stream_passes
+    return lambda gm: run_stream_passes(gm, passes=[p for p in PIPELINE_ORDER if p not in skip])
+
+
+def _wrap(spec):
+    from streamnb.control_deps import wrap_by_hand
+    return lambda gm: wrap_by_hand(gm, spec)
+
+
+def _syncs_then(*steps):
+    from streamnb.syncs import insert_backward_syncs
+    return (*steps, lambda gm: insert_backward_syncs(gm))
+
+
+HOST = "blocks the host (the CPU waits"
+# exercise -> [(the mistake, the answer, what its grade must say: a problem starting with the first string and
+# containing the others)]
+WRONG = {
+    "primer.wait_exercise": [   # the start graph blocks the host with synchronize_stream(1) before b
+        ("keep the host sync, just before c", _edit(_mv("synchronize_stream_default", before="c")),
+         ["node synchronize_stream_default: synchronize_stream " + HOST,
+          "record_event(e, 1) after a and wait_event(e, 0) before c"]),
+        ("synchronize_event instead", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a"),
+                                            _ins(SYNC_EV, 1, before="c")),
+         ["node synchronize_event_default: synchronize_event " + HOST, "until event 1 has happened"]),
+        ("synchronize_device instead", _edit(_rm("synchronize_stream_default"), _ins(SYNC_DEV, before="c")),
+         ["node synchronize_device_default: synchronize_device " + HOST, "until every stream has finished"]),
+        ("a record and no wait", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a")),
+         ["race on a: c (stream 0) and a (stream 1)", "wait for it on stream 0 before c"]),
+        ("the wait before b", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a"),
+                                    _ins(WAIT, 1, 0, before="b")),
+         ["makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle", "move it later"]),
+    ],
+    "course.acc_exercise": [
+        ("acc on the main stream", _edit(*_syncs_then(_stream("acc", 0))),
+         ["4 syncs more than needed (6; the worked solution has 2)", "Fix: remove"]),
+        ("acc on neg's stream", _edit(*_syncs_then(_stream("acc", 1))),
+         ["2 syncs more than needed (4; the worked solution has 2)", "wait_event_default (wait_event on stream 1)"]),
+        ("acc on stream 2, no syncs", _edit(_stream("acc", 2)),
+         ["race on neg: acc (stream 2) and neg (stream 1)", "before acc"]),
+    ],
+    "course.sync_exercise": [   # neg (stream 1) read by mul (stream 0), sin and cos (stream 2)
+        ("one host sync", _edit(_ins(SYNC_ST, 1, after="neg")),
+         ["node synchronize_stream_default: synchronize_stream " + HOST, "wait_event(e, 2) before sin"]),
+        ("sin and cos read tangents_1", _edit(_rewire("sin", "neg", "tangents_1"), _rewire("cos", "neg", "tangents_1"),
+                                              _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+         ["work changed: node sin reads tangents_1 instead of neg", "fix: make it read neg again"]),
+        ("sin and cos moved to neg's stream", _edit(_stream("sin", 1), _stream("cos", 1),
+                                                    _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+         ["work changed: node sin runs on stream 1 instead of stream 2", "put it back on stream 2"]),
+        ("a wait per consumer", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul"),
+                                      _ins(WAIT, 1, 2, before="sin"), _ins(WAIT, 1, 2, before="cos")),
+         ["1 sync more than needed (4; the worked solution has 3): wait_event_default_2 (wait_event on stream 2)"]),
+        ("stream 2 forgotten", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+         ["race on neg: sin (stream 2) and neg (stream 1)", "wait for it on stream 2 before sin"]),
+    ],
+    "course.dealloc_exercise": [   # the seed's sync_dealloc_default right after mm's record: stream 0 stalls
+        ("left where the seed puts it", _edit(),
+         ["makespan", "node sync_dealloc_default holds stream 0 idle", "to where event 3 has already happened"]),
+        ("at the very end", _edit(_mv("sync_dealloc_default", before="output")),
+         ["node sync_dealloc_default: frees mul only after add_6, later than needed", "Fix: move(gm, 'sync_dealloc_default', after="]),
+        ("removed", _edit(_rm("sync_dealloc_default")),
+         ["unsafe reuse: mul's memory goes back to stream 0's pool", "mm (stream 1)"]),
+        ("one add too early", _edit(_mv("sync_dealloc_default", after="add_2")),
+         ["makespan", "node sync_dealloc_default holds stream 0 idle"]),
+    ],
+    "course.control_deps_exercise": [
+        ("nothing wrapped", _edit(),
+         ["reorder hazard on p: c0 and p are ordered only by program order", "wrap the syncs between them in control_deps"]),
+        ("only the record", _edit(_wrap({"record_event_default": ["p"]})),
+         ["reorder hazard on p:", "control_deps"]),
+        ("the record and the first wait", _edit(_wrap({"record_event_default": ["p"],
+                                                       "wait_event_default": ["record_event_default", "p"]})),
+         ["reorder hazard on p: c2 and", "control_deps"]),
+    ],
+    "course.wrapper_exercise": [   # copy_ writes back mul (stream 1), copy__1 add (stream 0)
+        ("no waits", _edit(), ["race on mul: copy_ (stream 0) and mul (stream 1)", "before copy_"]),
+        ("waits for the wrong stream", _edit(_ins(WAIT_STREAM, 0, 2, before="copy_")),
+         ["race on mul: copy_ (stream 0) and mul (stream 1)"]),
+        ("a wait before each copy", _edit(_ins(WAIT_STREAM, 0, 1, before="copy_"), _ins(WAIT_STREAM, 0, 1, before="copy__1")),
+         ["1 sync more than needed (2; the worked solution has 1): wait_stream_default_1 (wait_stream on stream 0, stream 1)"]),
+        ("synchronize the device first", _edit(_ins(SYNC_DEV, before="copy_")),
+         ["node synchronize_device_default: synchronize_device " + HOST, "wait_event(e, 0) before copy_"]),
+    ],
+    "course.pipeline_exercise": [
+        ("no passes", _edit(), ["race on ln2_grad: x1_grad (stream 0) and ln2_grad (stream 2)"]),
+        ("without control_deps", _edit(_pipeline("wrap_all_sync_nodes_with_control_deps")),
+         ["reorder hazard on ln2_grad: x1_grad and ln2_grad", "control_deps"]),
+        ("without the dealloc pass", _edit(_pipeline("sync_deallocations")),
+         ["unsafe reuse: ln2_grad's memory goes back to stream 2's pool"]),
+    ],
+    "minsync.fewest_syncs_exercise": [
+        ("left as it is", _edit(), ["1 sync more than needed (11; the worked solution has 10): wait_event_default_1"]),
+        ("a needed wait removed", _edit(_rm("wait_event_default")),
+         ["race on q: c1 (stream 2) and q (stream 1)", "before c1"]),
+        ("waits swapped for a host sync", _edit(_rm("wait_event_default"), _rm("wait_event_default_1"),
+                                                _ins(SYNC_EV, 100, before="c1")),
+         ["node synchronize_event_default: synchronize_event " + HOST]),
+    ],
+}
+
+
+def test_every_exercise_has_wrong_answers():
+    assert set(all_exercises()) == set(WRONG), set(all_exercises()) ^ set(WRONG)
+    assert all(len(v) >= 3 for v in WRONG.values())
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_worked_solution_and_wrong_answers(name):
+    ex = all_exercises()[name]()
+    g = ex.check(ex.best())
+    assert g.ok, str(g)
+    for mistake, make, (first, *rest) in WRONG[name]:
+        g = ex.check(make(ex))
+        hit = [p for p in g.problems if p.startswith(first)]
+        assert not g.ok and hit, f"{name}, {mistake}: not caught as {first!r}:\n{g}"
+        assert all(any(r in p for p in hit) for r in rest), f"{name}, {mistake}: {rest} not said:\n{g}"
+
+
+def test_every_problem_names_a_node_and_a_fix():
+    "Every problem of every wrong answer above names a node of the answer and says what to do."
+    for name, cases in WRONG.items():
+        ex = all_exercises()[name]()
+        for mistake, make, _ in cases:
+            gm = make(ex)
+            names = {n.name for n in gm.graph.nodes}
+            for p in ex.check(gm).problems:
+                assert "Fix" in p or "fix" in p, f"{name}, {mistake}: no fix in {p!r}"
+                assert any(re.search(rf"\b{re.escape(n)}\b", p) for n in names), f"{name}, {mistake}: no node in {p!r}"

@@ -46,7 +46,7 @@ def test_wait_event_holds_the_stream_not_the_host():
     assert (f.src_stream, us(f.src_time), f.dst_stream) == (1, 5, 0)
     assert tl.host_time == 0 and HOST_ROW not in rows(tl) and not tl.unordered_reads
     g = gids(tl)
-    assert {"wait:wait_event_default", "flow:1"} <= g and not any(x.startswith("unsafe_free") for x in g)
+    assert {"wait:wait_event_default", "flow:7"} <= g and not any(x.startswith("unsafe_free") for x in g)
 
 
 def test_early_wait_holds_b_back():

@@ -468,3 +468,51 @@ def test_running_example_seed_fails_visibly():
     (u,) = tl.unsafe_frees
     assert (u.tensor, u.reader) == ("scale_grad", "attn_grad") and u.freed_at < u.read_end
     assert tlo.unordered_reads == [] and tlo.unsafe_frees == []
+
+
+# ---------------------------------------------------------------- bad arguments, malformed stream ops
+
+def _small():
+    from streamnb.graph import GraphBuilder
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(torch.ops.aten.mul.Tensor, x, 2.0, stream=1)
+    r = b.graph.call_function(torch.ops.streams.record_event.default, (7, 1))
+    w = b.graph.call_function(torch.ops.streams.wait_event.default, (7, 0))
+    n = b.op(torch.ops.aten.neg.default, m, stream=0)
+    return b.output(n, m), r, w
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda gm: sanitize(gm.graph), "pass the GraphModule, not its .graph"),
+    (lambda gm: sanitize(None), "gm: expected a torch.fx.GraphModule"),
+    (lambda gm: sanitize(gm, reorder="yes"), "reorder: expected a bool"),
+    (lambda gm: sanitize(gm, registry=3), "registry: expected a StreamRegistry"),
+    (lambda gm: sanitize(gm, current_streams=1), "current_streams: expected"),
+    (lambda gm: sanitize(gm, current_streams=["0"]), "current_streams: expected"),
+    (lambda gm: sanitize(gm, estimate=1.0), "estimate: expected"),
+])
+def test_wrong_argument_types_name_the_argument(call, msg):
+    gm, _, _ = _small()
+    with pytest.raises(TypeError, match=msg):
+        call(gm)
+
+
+def test_keyword_and_packet_syncs_order_like_positional_ones():
+    from streamnb.graph import StreamRegistry
+    reg = StreamRegistry(current_stream=0)
+    gm, r, w = _small()
+    assert sanitize(gm, registry=reg).ok
+    r.target, r.args, r.kwargs = torch.ops.streams.record_event, (), {"event_index": 7, "stream_index": 1}
+    w.args, w.kwargs = (7,), {"stream_index": 0}
+    assert sanitize(gm, registry=reg).ok            # no false race
+    w.kwargs = {"stream_index": 2}
+    assert sanitize(gm, registry=reg).kinds == ["race"]   # and the keyword is read, not ignored
+
+
+@pytest.mark.parametrize("args", [(7,), (7, 1.0), (7, None), (7, -3)])
+def test_malformed_stream_op_is_an_error_not_the_current_stream(args):
+    from streamnb.streamops import StreamOpError
+    gm, _, w = _small()
+    w.args = args
+    with pytest.raises(StreamOpError, match=f"^node {w.name}: "):
+        sanitize(gm)

@@ -409,7 +409,7 @@ def test_fair_level_and_bad_demands():
         simulate(two, cost=cost, contention={"a": Demand()})
     with pytest.raises(StreamnbError, match=r"node a: demand \(0, 2\)"):
         simulate(two, cost=cost, contention=lambda n: (0, 2))
-    with pytest.raises(StreamnbError, match="contention must be"):
+    with pytest.raises(TypeError, match="contention: expected"):
         simulate(two, cost=cost, contention="yes")
 
 
@@ -492,3 +492,44 @@ def test_contention_chapter_picture_supports_the_prose():
     assert 2 * end(free, "big") <= end(cont, "big") < 2.01 * end(free, "big")
     assert end(cont, "small") == end(free, "small") == pytest.approx(us(15))
     assert cont.makespan_us > 2 * free.makespan_us - 1e-9
+
+
+# ---------------------------------------------------------------- bad arguments, malformed stream ops
+
+def _small():
+    from streamnb.graph import GraphBuilder
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(torch.ops.aten.mul.Tensor, x, 2.0, stream=1)
+    w = b.graph.call_function(torch.ops.streams.wait_event.default, (7, 0))
+    return b.output(m), w
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda gm: simulate(None), "gm: expected a torch.fx.GraphModule, got NoneType"),
+    (lambda gm: simulate(gm.graph), "pass the GraphModule, not its .graph"),
+    (lambda gm: simulate(gm, cost=3), "cost: expected"),
+    (lambda gm: simulate(gm, registry={}), "registry: expected a StreamRegistry"),
+    (lambda gm: simulate(gm, launch_overhead="1"), "launch_overhead: expected"),
+    (lambda gm: simulate(gm, device=None), "device: expected"),
+    (lambda gm: simulate(gm, contention="yes"), "contention: expected"),
+])
+def test_wrong_argument_types_name_the_argument(call, msg):
+    gm, _ = _small()
+    with pytest.raises(TypeError, match=msg):
+        call(gm)
+
+
+@pytest.mark.parametrize("cost", [lambda n: "x", lambda n: None, {"mul": "1"}, lambda n: True])
+def test_cost_not_a_number_is_a_type_error_naming_the_node(cost):
+    gm, _ = _small()
+    with pytest.raises(TypeError, match="^node mul: cost "):
+        simulate(gm, cost=cost)
+
+
+@pytest.mark.parametrize("args", [(7,), (7, 1.5), (7, -1), (2**63, 0)])
+def test_malformed_stream_op_is_an_error_not_the_current_stream(args):
+    from streamnb.streamops import StreamOpError
+    gm, w = _small()
+    w.args = args
+    with pytest.raises(StreamOpError, match=f"^node {w.name}: "):
+        simulate(gm, cost=lambda n: 0.001)

@@ -4,7 +4,9 @@ Builds the site (`tools/docs.py`, into settings.ini's doc_path, `_docs/`), serve
 page. Fails on: a console error, page error, failed request or HTTP error; an image that did not decode
 (`naturalWidth == 0`); an internal link or #anchor that does not resolve; an empty page; a chapter missing from the
 sidebar (or out of reading order); a public symbol (any module's `__all__`) without an API entry, signature, docstring,
-link to its chapter or a [source] link to its notebook; nbdev directives not honoured; a search that finds nothing;
+link to its chapter or (once settings.ini names a real home) a [source] link to its notebook; raw Markdown table
+text (`|---|`) on a page; a link to the placeholder home (`github.com/example`); a figure whose smallest text is
+under 8 px as displayed; nbdev directives not honoured; a search that finds nothing;
 a Sphinx warning; a build slower than 2 minutes. What it expects is read from the notebooks and the package at test
 time, never from a list kept here. Saves screenshots of the index page and of one chapter (its top, and its first
 plot) in `_docs/_check/`.
@@ -180,6 +182,11 @@ _PAGE_JS = """() => {
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
     images: Array.from(document.images).map(i => ({src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0})),
     plots: main.querySelectorAll('.cell_output img').length,
+    figs: Array.from(main.querySelectorAll('.cell_output img')).map(i => ({src: i.getAttribute('src'),
+            natural: i.naturalWidth, shown: i.getBoundingClientRect().width})),
+    body: main.innerText,
+    prose: (() => { const c = main.cloneNode(true);   // the page's text outside code blocks
+                    c.querySelectorAll('pre, code, .highlight').forEach(e => e.remove()); return c.textContent; })(),
     text: main.innerText.trim().length,
     sidebar: Array.from(document.querySelectorAll('.sidebar-tree a.reference')).map(a => a.getAttribute('href')),
     code: Array.from(main.querySelectorAll('.cell_input pre')).map(p => p.textContent),
@@ -388,6 +395,9 @@ def test_api_reference_covers_every_public_symbol(site, crawl):
             target, frag = chapter[0]
             if not frag or frag not in crawl["pages"][target]["ids"]:
                 problems.append(f"{sym}: its chapter link {target}#{frag} has no such cell")
+            if not home_url():   # no public home: no [source] link at all (the chapter link above is the source)
+                if e["source"]: problems.append(f"{sym}: [source] {e['source']} leads to a placeholder home")
+                continue
             src = [h for h in e["source"] if "/blob/" in h]
             if not src or not all(h.endswith(".ipynb") for h in src):
                 problems.append(f"{sym}: [source] {e['source']} is not a notebook link")
@@ -396,6 +406,80 @@ def test_api_reference_covers_every_public_symbol(site, crawl):
     assert not problems, f"{len(problems)} API problems:\n" + "\n".join(problems[:40])
     py_links = [h for p in crawl["pages"].values() for h in p["links"] if "/blob/" in h and h.endswith(".py")]
     assert not py_links, f"source links to generated modules: {py_links[:5]}"
+
+
+PLACEHOLDER_USERS = {"", "example", "user", "your-github-user"}
+
+
+def home_url():
+    "settings.ini's git_url, or None while its `user` is a placeholder (then no page may link there)."
+    cfg = _cfg()
+    return None if (cfg.get("user") or "").strip().lower() in PLACEHOLDER_USERS else cfg.git_url
+
+
+_re_raw_table = re.compile(r"\|\s*:?(?:-{3,}|[—–][-—–]*):?\s*\|")   # |---| (or |—|: dashes made typographic)
+
+
+def test_markdown_tables_render_as_tables(crawl):
+    "No page shows a Markdown table as text (`|---|`, or `|—|` once the dashes are made typographic, outside code "
+    "blocks): IPython `Markdown(...)` outputs (the landing page's tables) must render as HTML tables."
+    raw = [f"{rel}: ...{p['prose'][max(0, m.start() - 80):m.end() + 40]!r}..."
+           for rel, p in crawl["pages"].items() for m in [_re_raw_table.search(p["prose"])] if m]
+    assert not raw, f"{len(raw)} pages show raw Markdown table text:\n" + "\n".join(raw[:10])
+
+
+def test_no_link_to_a_placeholder_home(crawl):
+    "settings.ini's `user = example` is a placeholder: no link may lead to github.com/example (it 404s)."
+    cfg = _cfg()
+    bad_prefixes = {"github.com/example/", "example.github.io"}
+    if not home_url(): bad_prefixes |= {urlparse(cfg.git_url).netloc + urlparse(cfg.git_url).path.rstrip("/") + "/"}
+    bad = [f"{rel}: {h}" for rel, p in crawl["pages"].items() for h in p["links"]
+           if any(b in h for b in bad_prefixes)]
+    assert not bad, f"{len(bad)} links to a placeholder home:\n" + "\n".join(bad[:20])
+
+
+def smallest_font_pt() -> float:
+    "The smallest font size the package draws with: matplotlib's default (10 pt) or any `fontsize=` in its modules."
+    import matplotlib
+    sizes = [float(matplotlib.rcParamsDefault["font.size"])]
+    for f in (ROOT / _cfg().lib_path).rglob("*.py"):
+        sizes += [float(x) for x in re.findall(r"fontsize\s*=\s*(\d+(?:\.\d+)?)", f.read_text(encoding="utf-8"))]
+    return min(sizes)
+
+
+def png_dpi(path: Path) -> float:
+    "A PNG's resolution from its pHYs chunk (matplotlib writes it: the figure's savefig dpi); 72 if it has none."
+    import struct
+    b = path.read_bytes()
+    i = b.find(b"pHYs")
+    if i < 0: return 72.0
+    px, _, unit = struct.unpack(">IIB", b[i + 4:i + 13])
+    return px * 0.0254 if unit == 1 else 72.0
+
+
+MIN_TEXT_PX = 8
+
+
+def figure_text_px(fig: dict, img: Path, pt: float) -> float:
+    "Height in CSS px of `pt`-point text in a figure as displayed: pt at the PNG's dpi, scaled by shown / natural width."
+    return pt * png_dpi(img) / 72 * fig["shown"] / fig["natural"]
+
+
+def test_figures_readable_as_displayed(site, crawl):
+    "Every stored plot, as the browser lays it out (1440 px wide window): its smallest text (the package's smallest "
+    "font size at the PNG's dpi, scaled to the displayed width) is at least 8 px."
+    pt, small, n = smallest_font_pt(), [], 0
+    for rel, p in crawl["pages"].items():
+        for fig in p["figs"]:
+            r = _resolve(rel, fig["src"])
+            if not r or not fig["natural"] or not (site["out"] / r[0]).is_file(): continue
+            n += 1
+            px = figure_text_px(fig, site["out"] / r[0], pt)
+            if px < MIN_TEXT_PX:
+                small.append(f"{rel}: {fig['src']} shown {fig['shown']:.0f} of {fig['natural']} px: "
+                             f"{pt:g} pt text is {px:.1f} px")
+    assert n, "no figure measured"
+    assert not small, f"{len(small)} figures with text under {MIN_TEXT_PX} px as displayed:\n" + "\n".join(small[:20])
 
 
 def test_modidx_links_resolve_on_this_site(crawl):

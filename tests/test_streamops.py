@@ -182,8 +182,8 @@ def test_simulator_and_sanitizer_agree_on_the_current_stream():
     assert tl.streams == [cur] and tl.makespan == 2.0 and tl.unordered_reads == []
 
 
-def test_streamops_imports_only_graph():
-    assert modules_loaded_by("streamops") == {"streamops", "graph"}
+def test_streamops_imports_only_layer_0():
+    assert modules_loaded_by("streamops") == {"streamops", "graph", "fastfx"}
     assert streamops.__all__ == [n for n in streamops.__all__ if not n.startswith("_")]
 
 
@@ -328,3 +328,133 @@ def test_three_stream_happens_before_picture_claims():
     assert tl_both.unordered_reads == [] and races(both) == []
     assert [(r.consumer, r.producer) for r in tl_one.unordered_reads] == [("add", "mul_1")]
     assert races(one) == [("add", "mul_1")]   # (both graphs also free mul and mul_1 unsafely: chapter 12's subject)
+
+
+# ---------------------------------------------------------------- every legal form read, every bad form refused
+
+from streamnb.streamops import StreamOpError, aliases, alias_source, check_stream_ops, is_view  # noqa: E402
+
+
+def with_call(target, args=(), kwargs=None, tensor=False):
+    "x -> y (s1); one call of `target` (args may name y as 'Y'); the graph and the call."
+    b = GraphBuilder(); x = b.input("x"); y = b.op(aten.mul.Tensor, x, 2.0, stream=1)
+    fix = lambda a: y if isinstance(a, str) and a == "Y" else a
+    n = b.graph.call_function(target, tuple(map(fix, args)), {k: fix(v) for k, v in (kwargs or {}).items()})
+    return b.output(y), n
+
+
+@pytest.mark.parametrize("args,kwargs", [((7, 1), {}), ((7,), {"stream_index": 1}),
+                                         ((), {"event_index": 7, "stream_index": 1}),
+                                         ((), {"stream_index": 1, "event_index": 7})])
+@pytest.mark.parametrize("packet", [False, True])
+def test_keyword_and_packet_forms_decode_alike(args, kwargs, packet):
+    target = streams.record_event if packet else streams.record_event.default
+    gm, n = with_call(target, args, kwargs)
+    d = decode(n, gm)
+    assert (d.kind, d.event, d.streams, d.args, d.target) == ("record_event", 7, (1,), (7, 1), streams.record_event.default)
+    check_stream_ops(gm)
+
+
+def test_keyword_sync_dealloc_names_its_tensor():
+    gm, n = with_call(streams.sync_dealloc.default, (), {"wait_event_index": 3, "src_stream_index": 0, "to_dealloc": "Y"})
+    d = decode(n)
+    assert (d.event, d.stream, d.tensor.name) == (3, 0, "mul")
+
+
+BAD = {
+    "missing stream": (streams.wait_event.default, (7,), {}, "missing its argument 'stream_index'"),
+    "no args": (streams.record_event.default, (), {}, "missing its argument 'event_index'"),
+    "float stream": (streams.wait_event.default, (7, 1.0), {}, "stream_index 1.0 is not an int"),
+    "bool event": (streams.record_event.default, (True, 1), {}, "event_index True is not an int"),
+    "None stream": (streams.record_stream.default, ("Y", None), {}, "stream_index None is not an int"),
+    "negative stream": (streams.wait_stream.default, (0, -1), {}, "-1 is not an int in [0, 2**63-1]"),
+    "huge event": (streams.synchronize_event.default, (2**70,), {}, "is not an int in [0, 2**63-1]"),
+    "extra arg": (streams.wait_event.default, (7, 1, 2), {}, "takes 2 arguments"),
+    "unknown kwarg": (streams.wait_event.default, (7, 1), {"stream": 2}, "takes 2 arguments"),
+    "sync_dealloc without tensor": (streams.sync_dealloc.default, (7, 0), {}, "must be a tensor node, got nothing"),
+    "sync_dealloc with an int": (streams.sync_dealloc.default, (7, 0, 3), {}, "must be a tensor node"),
+    "record_stream without tensor": (streams.record_stream.default, (), {"stream_index": 1}, "must be a tensor node"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_malformed_stream_op_is_an_error_naming_the_node(case):
+    target, args, kwargs, msg = BAD[case]
+    gm, n = with_call(target, args, kwargs)
+    before = gm.graph.python_code("self").src
+    for f in (lambda: decode(n, gm), lambda: check_stream_ops(gm)):
+        with pytest.raises(StreamOpError) as e:
+            f()
+        assert str(e.value).startswith(f"node {n.name}:") and msg in str(e.value), str(e.value)
+    assert isinstance(e.value, StreamnbError) and gm.graph.python_code("self").src == before
+
+
+def test_synchronize_device_needs_no_index():
+    gm, n = with_call(streams.synchronize_device.default)   # the primer writes it so; nothing in it is read
+    assert decode(n).kind == "synchronize_device"
+
+
+def corrupt(how):
+    gm, y, s = one_op(streams.wait_event.default, True)
+    if how == "no get_attr": s.args = (s.args[0], y, *s.args[2:])
+    elif how == "not a module": gm.sub = torch.nn.Linear(1, 1)
+    elif how == "two calls":
+        g = gm.sub.graph; c = next(n for n in g.nodes if n.op == "call_function")
+        with g.inserting_after(c): g.call_function(streams.wait_event.default, (8, 0))
+    elif how == "nested":
+        g = gm.sub.graph; c = next(n for n in g.nodes if n.op == "call_function")
+        gm.sub.inner = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+        with g.inserting_after(c): n2 = g.call_function(control_deps, ((), g.get_attr("inner")))
+        c.replace_all_uses_with(n2); g.erase_node(c)
+    return gm, s
+
+
+@pytest.mark.parametrize("how", ["no get_attr", "not a module", "two calls", "nested"])
+def test_corrupt_control_deps_is_an_error_naming_the_node(how):
+    gm, s = corrupt(how)
+    with pytest.raises(StreamOpError, match=f"^node {s.name}: "):
+        check_stream_ops(gm)
+
+
+def test_call_module_with_a_stream_is_refused():
+    class M(torch.nn.Module):
+        def forward(self, x): return x * 2
+    root = torch.nn.Module(); root.m = M()
+    g = torch.fx.Graph(); x = g.placeholder("x"); c = g.call_module("m", (x,)); g.output(c)
+    gm = torch.fx.GraphModule(root, g)
+    check_stream_ops(gm)                         # no stream: fine
+    c.meta["custom"] = {"stream": 1}
+    with pytest.raises(StreamnbError, match=f"^node {c.name}: a call_module node on stream 1"):
+        check_stream_ops(gm)
+    with pytest.raises(TypeError, match="gm: expected a torch.fx.GraphModule"):
+        check_stream_ops(gm.graph)
+
+
+def test_split_chunk_unbind_are_views_of_their_input():
+    import operator
+    b = GraphBuilder(); x = b.input("x"); a = b.op(aten.mul.Tensor, x, 2.0)
+    lists = [b.op(aten.split.Tensor, a, 2), b.op(aten.split_with_sizes.default, a, [1, 3]),
+             b.op(aten.chunk.default, a, 2), b.op(aten.unbind.int, a)]
+    items = [b.op(operator.getitem, l, 0, stream=1) for l in lists]
+    gm = b.output(*items)
+    mem = storages(gm)
+    for l, i in zip(lists, items):
+        assert is_view(l) and alias_source(l) is a
+        assert all(m == Storage(a) for m in mem[l]) and mem[i] == Storage(a) and owner(mem, i) is a
+    assert aliases(mem)[Storage(a)] == [a, *lists, *items]   # graph order
+    # without a `val` the list is one entry, and its getitems are still the input's block
+    lists[0].meta.pop("val")
+    assert storages(gm)[items[0]] == Storage(a)
+
+
+def test_multi_output_and_out_variants():
+    import operator
+    b = GraphBuilder(); x = b.input("x")
+    vm = b.op(aten.var_mean.correction, x, [0], stream=0)
+    g1 = b.op(operator.getitem, vm, 1, stream=2)
+    o = b.op(aten.mul.Tensor, x, 3.0)
+    w = b.op(aten.add.out, x, x, out=o)            # writes o's block
+    gm = b.output(g1, w)
+    mem = storages(gm)
+    assert mem[vm] == (Storage(vm, 0), Storage(vm, 1)) and mem[g1] == Storage(vm, 1) and owner(mem, g1) is vm
+    assert mem[w] == Storage(o) and alias_source(w) is o

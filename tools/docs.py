@@ -14,8 +14,21 @@ What this script does before Sphinx runs, in `build/docs-src/` (the notebooks in
   `#| filter_stream` filters, `#| cuda` cells get a "GPU cell" label (their outputs were recorded on a CUDA machine);
 - every exported cell gets anchors named as nbdev names them (`#graphbuilder`, `#capture.module`);
 - the API reference: one page per module of the package that has an `__all__` (found by walking the package, never
-  a list kept here), every name of it with its signature and docstring (autodoc), a link to the notebook cell that
-  defines it and a [source] link to that notebook on the repository.
+  a list kept here), every name of it with its signature and docstring (autodoc) and a link to the notebook cell that
+  defines it;
+- Markdown outputs (IPython `Markdown(...)`, e.g. the landing page's tables) are rendered as GitHub-flavoured
+  Markdown (`render_markdown_format: gfm` in each page's metadata), so their tables are tables, not `|---|` text;
+- figures: a stored plot is shown at up to its natural width (the content column widens to make room for it on a
+  wide screen), and a click opens it full size (`_static/streamnb-site.css` / `.js`, written here).
+
+The project's home. Where a repository link leads is set in `settings.ini`: `user` and `repo` (which make
+`git_url`, `doc_host` and `doc_baseurl`), and `branch`. While `user` is the placeholder `example` (or `git_url` is
+empty) the project has no public home, and no page links there: each chapter's banner offers its notebook as a
+download from this site, the API entries link to their chapter's cell on this site (no [source] link), and there is
+no "view source" button. Give the project a real home by setting `user` (and `repo`) in settings.ini: the banner,
+the [source] links and the button then open the notebook on the repository (`git_url/blob/branch/nbs/...`).
+Sphinx reads `docs/conf.py` through a small generated `build/docs-conf/conf.py` that applies this choice.
+
 Sphinx's warnings are printed and saved to `build/docs-warnings.txt` (the site check fails on any).
 """
 from __future__ import annotations
@@ -41,6 +54,15 @@ SRC = ROOT / "build" / "docs-src"
 DOCTREES = ROOT / "build" / "docs-doctrees"
 WARNINGS = ROOT / "build" / "docs-warnings.txt"
 HTML = ROOT / "build" / "docs-out" / "html"   # myst-nb writes ../jupyter_execute beside it; moved to doc_path
+GEN_CONF = ROOT / "build" / "docs-conf"        # docs/conf.py plus the choices made here (home, figures)
+PLACEHOLDER_USERS = {"", "example", "user", "your-github-user"}
+
+
+def project_home(cfg) -> str | None:
+    "The project's repository (settings.ini `git_url`), or None while `user` is a placeholder: then nothing links there."
+    url = (cfg.get("git_url") or "").strip()
+    if not url or (cfg.get("user") or "").strip().lower() in PLACEHOLDER_USERS: return None
+    return url
 
 _re_ansi = re.compile(r"\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])")
 _re_hide_line = re.compile(r"#\|\s*hide_line\s*$")
@@ -119,6 +141,18 @@ def default_exp(nb) -> str | None:
     return None
 
 
+TEXT_PX = 736   # furo's text column (46em); a wider plot would be shrunk, its labels unreadable
+
+
+def png_width(out) -> int:
+    "The natural width in px of a stored PNG output (0 for any other output)."
+    import base64, struct
+    data = (out.get("data") or {}).get("image/png")
+    if not data: return 0
+    head = base64.b64decode("".join(data)[:64])
+    return struct.unpack(">I", head[16:20])[0]
+
+
 def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.NotebookNode, dict]:
     nb = nbformat.read(src, as_version=4)
     dflt = default_exp(nb)
@@ -164,9 +198,12 @@ def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.Note
         cell.metadata = meta
         cells.append(cell)
     info["title"] = info["title"] or page
+    info["wide_plots"] = sum(png_width(o) > TEXT_PX for c in cells for o in c.get("outputs", []))
     nb.cells = cells
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                   "language_info": {"name": "python"}}
+                   "language_info": {"name": "python"},
+                   "mystnb": {"render_markdown_format": "gfm"}}   # Markdown(...) outputs: tables render as tables
+    if info["wide_plots"]: nb.metadata["hide-toc"] = True   # the right-hand column is the plots' room (SITE_CSS)
     for i, c in enumerate(nb.cells): c["id"] = c.get("id") or f"streamnb-{i}"
     return nb, info
 
@@ -273,8 +310,12 @@ def stage(cfg) -> dict:
     for info in pages:
         f = SRC / f"{info['page']}.ipynb"
         nb = nbformat.read(f, as_version=4)
-        git = f"{cfg.git_url}/blob/{cfg.branch}/{nbs_path.relative_to(ROOT).as_posix()}/{info['notebook']}"
-        line = f"Source notebook: [`{nbs_path.name}/{info['notebook']}`]({git})"
+        if project_home(cfg):
+            git = f"{project_home(cfg)}/blob/{cfg.branch}/{nbs_path.relative_to(ROOT).as_posix()}/{info['notebook']}"
+            line = f"Source notebook: [`{nbs_path.name}/{info['notebook']}`]({git})"
+        else:   # no public home: the notebook itself, downloaded from this site
+            rel = Path(os.path.relpath(nbs_path / info["notebook"], (SRC / info["page"]).parent)).as_posix()
+            line = f"Source notebook: {{download}}`{nbs_path.name}/{info['notebook']} <{rel}>`"
         if info["page"] in api_of:
             mod, short = api_of[info["page"]]
             line += f" · exports `{mod}` (API reference: {{doc}}`/api/{short}`)"
@@ -290,11 +331,61 @@ def stage(cfg) -> dict:
             nb.cells.append(nbformat.v4.new_markdown_cell("\n".join(toc)))
             nb.cells[-1]["id"] = "streamnb-toc"
         nbformat.write(nb, f)
-    meta = {"pages": pages, "modules": modules, "symbols": symbols, "git_url": cfg.git_url, "branch": cfg.branch,
+    meta = {"pages": pages, "modules": modules, "symbols": symbols, "git_url": project_home(cfg) or "", "home": project_home(cfg), "branch": cfg.branch,
             "nbs_dir": nbs_path.relative_to(ROOT).as_posix(), "title": cfg.title, "description": cfg.description,
             "author": cfg.author, "copyright": cfg.copyright, "lib_name": cfg.lib_name}
     (SRC / "_meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     return meta
+
+
+SITE_CSS = """/* written by tools/docs.py: figures readable at their displayed size */
+.cell_output img { max-width: 100%; height: auto; cursor: zoom-in; }
+/* On a wide screen a plot wider than the text column takes up to its natural width, into the right-hand column
+   (pages with such plots carry furo's hide-toc, so nothing sits there). */
+@media (min-width: 67em) {
+  .cell_output img.streamnb-wide { max-width: min(var(--natural-width, 100%), calc(100vw - max(15em, 50vw - 26em) - 6em)); }
+}
+.streamnb-zoom { position: fixed; inset: 0; z-index: 1000; background: rgba(0,0,0,.8); display: flex;
+  align-items: center; justify-content: center; cursor: zoom-out; }
+.streamnb-zoom img { max-width: 98vw; max-height: 98vh; background: white; }
+"""
+SITE_JS = """// written by tools/docs.py: a plot wider than the text column grows to its natural width; a click enlarges it
+document.addEventListener('DOMContentLoaded', () => {
+  document.querySelectorAll('.cell_output img').forEach(img => {
+    const widen = () => { if (img.naturalWidth > img.parentElement.clientWidth) {
+      img.style.setProperty('--natural-width', img.naturalWidth + 'px'); img.classList.add('streamnb-wide'); } };
+    if (img.complete) widen(); else img.addEventListener('load', widen);
+    img.title = img.title || 'click to enlarge';
+    img.addEventListener('click', () => {
+      const box = document.createElement('div'); box.className = 'streamnb-zoom';
+      const big = document.createElement('img'); big.src = img.src; big.alt = img.alt; box.appendChild(big);
+      box.addEventListener('click', () => box.remove()); document.body.appendChild(box);
+    });
+  });
+});
+"""
+
+
+def write_conf(home_url: str | None) -> Path:
+    "build/docs-conf/conf.py: docs/conf.py, then the links the project's home allows and the figure assets."
+    static = GEN_CONF / "_static"
+    shutil.rmtree(GEN_CONF, ignore_errors=True)
+    static.mkdir(parents=True)
+    (static / "streamnb-site.css").write_text(SITE_CSS, encoding="utf-8")
+    (static / "streamnb-site.js").write_text(SITE_JS, encoding="utf-8")
+    conf = CONF_DIR / "conf.py"
+    text = [f"# Generated by tools/docs.py: {conf.relative_to(ROOT)}, then the choices below. Do not edit.",
+            "from pathlib import Path as _Path",
+            f"__file__ = {str(conf)!r}",
+            f"exec(compile(_Path(__file__).read_text(encoding='utf-8'), __file__, 'exec'))",
+            f"html_static_path = list(html_static_path) + [{str(static)!r}]",
+            "html_css_files = list(html_css_files) + ['streamnb-site.css']",
+            "html_js_files = list(globals().get('html_js_files', [])) + ['streamnb-site.js']"]
+    if not home_url:   # settings.ini names no real home: no [source] links, no 'view source' button
+        text += ["extensions = [e for e in extensions if e != 'sphinx.ext.linkcode']",
+                 "html_theme_options = {**html_theme_options, 'top_of_page_buttons': [], 'source_repository': ''}"]
+    (GEN_CONF / "conf.py").write_text("\n".join(text) + "\n", encoding="utf-8")
+    return GEN_CONF
 
 
 def build(out: Path | None = None, quiet: bool = True) -> Path:
@@ -307,7 +398,8 @@ def build(out: Path | None = None, quiet: bool = True) -> Path:
     os.environ["STREAMNB_DOCS_META"] = str(SRC / "_meta.json")
     for d in (out, DOCTREES, HTML.parent): shutil.rmtree(d, ignore_errors=True)
     from sphinx.cmd.build import build_main
-    args = ["-b", "html", "-c", str(CONF_DIR), "-d", str(DOCTREES), "-w", str(WARNINGS), "--keep-going",
+    write_conf(project_home(cfg))
+    args = ["-b", "html", "-c", str(GEN_CONF), "-d", str(DOCTREES), "-w", str(WARNINGS), "--keep-going",
             str(SRC), str(HTML)]
     if quiet: args.insert(0, "-q")
     rc = build_main(args)

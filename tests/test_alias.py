@@ -1,0 +1,72 @@
+"""One storage model for the simulator, the sanitizer and the dealloc pass, on graphs traced from `torch.split`,
+`torch.chunk`, `torch.unbind`, views and in-place ops: they simulate (no KeyError), and the sanitizer and the simulator
+agree on unsafe reuse with the aliases spread over two streams."""
+import operator
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from streamnb.graph import StreamRegistry, use_registry
+from streamnb.dealloc import sync_deallocations
+from streamnb.sanitizer import sanitize
+from streamnb.simulator import simulate
+from streamnb.streamops import owner, storages
+
+aten, streams = torch.ops.aten, torch.ops.streams
+
+MODELS = {
+    "split": lambda x: [p.sin() for p in torch.split(x * 2, 2)],
+    "split_sizes": lambda x: [p.cos() for p in torch.split(x * 2, [1, 3])],
+    "chunk": lambda x: [p.exp() for p in torch.chunk(x * 2, 2)],
+    "unbind": lambda x: [p.neg() for p in torch.unbind(x * 2)],
+    "view_inplace": lambda x: [(x * 2).t().add_(1.0).sin()],
+}
+
+
+def traced(name):
+    gm = make_fx(MODELS[name], tracing_mode="fake")(torch.empty(4, 4, device="meta"))   # a device tensor (CPU ones never race)
+    for n in gm.graph.nodes:
+        if n.op != "output": n.meta["partitioner_tag"] = "is_backward"
+    return gm
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_traced_graph_simulates_on_one_stream(name):
+    gm = traced(name)
+    tl = simulate(gm, cost=lambda n: 0.001)
+    base = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    mem = storages(gm)
+    assert all(owner(mem, u) is base for u in base.users if u.op == "call_function")   # views of mul's block
+    assert tl.unsafe_frees == [] and tl.unordered_reads == [] and sanitize(gm).ok
+
+
+def spread(gm, sync_data=True):
+    "mul on stream 0; every node after it on stream 1, with a record/wait for mul's data."
+    nodes = list(gm.graph.nodes)
+    mul = next(n for n in nodes if n.target is aten.mul.Tensor)
+    mul.meta["custom"] = {"stream": 0}
+    for n in nodes[nodes.index(mul) + 1:]:
+        if n.op == "call_function": n.meta["custom"] = {"stream": 1}
+    if sync_data:
+        with gm.graph.inserting_after(mul):
+            w = gm.graph.call_function(streams.wait_event.default, (1,), {"stream_index": 1})   # keyword form
+        with gm.graph.inserting_after(mul):
+            gm.graph.call_function(streams.record_event, (1, 0))                               # packet form
+    gm.recompile()
+    return gm
+
+
+@pytest.mark.parametrize("upstream", [False, True])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_sanitizer_and_simulator_agree_across_streams(name, upstream):
+    gm = spread(traced(name))
+    reg = StreamRegistry(start=5, current_stream=2)
+    before = (sanitize(gm, registry=reg), simulate(gm, registry=reg, cost=lambda n: 0.001))
+    assert before[0].kinds == ["unsafe_reuse"] and [u.tensor for u in before[1].unsafe_frees] == ["mul"]
+    with use_registry(reg):
+        sync_deallocations(gm, upstream=upstream)
+    rep, tl = sanitize(gm, registry=reg), simulate(gm, registry=reg, cost=lambda n: 0.001)
+    assert [e.tensor for e in rep.errors if e.kind == "unsafe_reuse"] == [u.tensor for u in tl.unsafe_frees]
+    assert not any(e.kind == "race" for e in rep.errors) and tl.unordered_reads == []
+    if not upstream: assert rep.ok, rep   # the default protects mul's block up to its last reader on stream 1

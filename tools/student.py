@@ -1,0 +1,126 @@
+"""The student edition of the course: `python tools/student.py [FOLDER]` (default `_student/`).
+
+Writes every notebook of settings.ini's `nbs_path` (found as nbdev finds them: names starting with `_` or `.` are
+skipped) into FOLDER, read and written with nbdev's own notebook tools (`execnb.nbio.read_nb` / `write_nb`,
+`nbdev.process.extract_directives`), with:
+- the worked solutions gone: a cell marked `#| code-fold: true` is dropped, unless it is exported (`#| export`), in
+  which case the package needs it (the graders grade against it): its code is kept unchanged and collapsed
+  (`metadata.jupyter.source_hidden`, which Jupyter honours and settings.ini's `allowed_cell_metadata_keys` keeps);
+- the test lines gone: top-level `test_eq(...)`, `test_fail(...)`, `test_close(...)` ... calls (fastcore.test) and
+  `assert` statements, whole statements even over several lines; a cell left with nothing but comments is dropped,
+  a cell that lost lines loses its stored outputs;
+- everything else as it is: exported cells are never touched, so `nbdev_export` on the student edition writes the
+  same modules, and markdown, plots and outputs stay.
+Nothing in nbs/ is changed. The folder is rewritten from scratch on each run.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_CALLS = {"test", "test_eq", "test_ne", "test_close", "test_fail", "test_is", "test_eq_type", "test_shuffled",
+              "test_stdout", "test_warns", "test_fig_exists", "test_sig"}
+EXPORTS = {"export", "exports", "exporti"}
+
+
+def notebooks(nbs_path: Path) -> list[Path]:
+    return sorted(p for p in nbs_path.rglob("*.ipynb")
+                  if not any(s.startswith(("_", ".")) for s in p.relative_to(nbs_path).parts))
+
+
+def directives(cell) -> dict:
+    from nbdev.process import extract_directives
+    if cell.cell_type != "code": return {}
+    return {k.rstrip(":"): v for k, v in extract_directives(cell, remove=False).items()}   # `code-fold:` -> code-fold
+
+
+def is_solution(dirs: dict) -> bool:
+    return [v.lower() for v in dirs.get("code-fold", [])] == ["true"]
+
+
+def is_exported(dirs: dict) -> bool: return bool(EXPORTS & set(dirs))
+
+
+def _is_test(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Assert): return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        f = stmt.value.func
+        return isinstance(f, ast.Name) and f.id in TEST_CALLS
+    if isinstance(stmt, ast.For):   # a loop that only tests (`for x in xs: test_eq(...)`)
+        return all(_is_test(s) for s in stmt.body) and not stmt.orelse
+    return False
+
+
+def strip_tests(source: str) -> str:
+    "The source without its top-level test statements (unchanged if it does not parse, e.g. a `%` magic)."
+    try: tree = ast.parse(source)
+    except SyntaxError: return source
+    lines = source.splitlines(True)
+    drop = set()
+    for stmt in tree.body:
+        if _is_test(stmt): drop.update(range(stmt.lineno - 1, stmt.end_lineno))
+    return "".join(l for i, l in enumerate(lines) if i not in drop).rstrip("\n")
+
+
+def _only_comments(source: str) -> bool:
+    return all(not l.strip() or l.lstrip().startswith("#") for l in source.splitlines())
+
+
+def student_nb(path: Path):
+    "The student edition of one notebook (an execnb notebook object) and what was removed: (solutions, test cells)."
+    from execnb.nbio import read_nb
+    nb = read_nb(path)
+    cells, n_sol, n_test = [], 0, 0
+    for cell in nb.cells:
+        dirs = directives(cell)
+        if cell.cell_type == "code" and is_solution(dirs):
+            n_sol += 1
+            if not is_exported(dirs): continue
+            cell.metadata = {**cell.get("metadata", {}), "jupyter": {"source_hidden": True}}
+        elif cell.cell_type == "code" and not is_exported(dirs) and cell.source.strip():
+            new = strip_tests(cell.source)
+            if new != cell.source.rstrip("\n"):
+                n_test += 1
+                if _only_comments(new): continue
+                cell.source, cell.outputs, cell.execution_count = new, [], None
+        cells.append(cell)
+    nb.cells = cells
+    return nb, (n_sol, n_test)
+
+
+def build(out: Path, nbs_path: Path | None = None, quiet: bool = False) -> list[Path]:
+    from execnb.nbio import write_nb
+    if nbs_path is None:
+        from nbdev.config import get_config
+        nbs_path = Path(get_config(path=ROOT).nbs_path)
+    out = Path(out)
+    if out.resolve() in (ROOT.resolve(), Path(nbs_path).resolve()):
+        sys.exit(f"student: refusing to write into {out}")
+    shutil.rmtree(out, ignore_errors=True)
+    written = []
+    for p in notebooks(Path(nbs_path)):
+        nb, (n_sol, n_test) = student_nb(p)
+        dest = out / p.relative_to(nbs_path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        nb.pop("path_", None)
+        write_nb(nb, dest)
+        written.append(dest)
+        if not quiet and (n_sol or n_test):
+            print(f"{p.relative_to(nbs_path)}: {n_sol} solution cell(s), test lines in {n_test} cell(s) removed")
+    if not quiet: print(f"student edition: {len(written)} notebooks in {out}/")
+    return written
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default="_student", help="where to write it (default: _student/)")
+    a = ap.parse_args()
+    build(Path(a.folder))
+
+
+if __name__ == "__main__":
+    main()
