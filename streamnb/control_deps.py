@@ -134,8 +134,10 @@ def _read_across_later(v: Node, visited: set[Node]) -> bool:
 
 # %% ../nbs/13_control_deps.ipynb #45be031e
 def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], visited: set[Node], recorded_on: int,
-                                   values: dict[int | None, list[Node]]) -> list[Node]:
-    "Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait."
+                                   values: dict[int | None, list[Node]],
+                                   backward_syncs: set[Node] = frozenset()) -> list[Node]:
+    """Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait
+    (never a forward value if `wait` is one of the `backward_syncs`: correction 7)."""
     ordered, extra = set(deps), []
     keys = [recorded_on] + ([None] if get_registry().is_current_stream(recorded_on) else [])
     for key in keys:
@@ -144,7 +146,7 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
         # read across streams stay, so each wait looks at a few values, not at every value of the stream so far.
         values[key] = [v for v in values.get(key, []) if _read_across_later(v, visited)]
         for v in values[key]:
-            if v in ordered or (is_bwd_node(wait) and _is_forward_value(v)): continue
+            if v in ordered or (wait in backward_syncs and _is_forward_value(v)): continue
             if any(u not in visited and _is_consumer(u, waiting) and get_stream(u) != get_stream(v)
                    and not _depends_on_any(u, ordered, visited) for u in v.users):
                 extra.append(v); ordered.add(v)
@@ -190,23 +192,34 @@ def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
     return out
 
 # %% ../nbs/13_control_deps.ipynb #41dfe9d5
-def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict) -> list[Node]:
-    "For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it."
+def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict,
+                               backward_syncs: set[Node] = frozenset()) -> list[Node]:
+    """For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it
+    (a forward value only if `wait` is not one of the `backward_syncs`, or else as a last resort a graph input)."""
     ordered, extra = set(deps), []
     for u in memory.get(wait, ()):
         if u in visited or _depends_on_any(u, ordered, visited): continue
         ins = [i for i in u.all_input_nodes if i in visited and i.op != "get_attr"]
-        backward = [i for i in ins if not (is_bwd_node(wait) and _is_forward_value(i))]
+        allowed = [i for i in ins if not (wait in backward_syncs and _is_forward_value(i))]
         # (else a forward graph input: its getitem is then tagged for the backward, see `wrapped`)
-        i = next(iter(backward or [i for i in ins if i.op == "placeholder"]), None)
+        i = next(iter(allowed or [i for i in ins if i.op == "placeholder"]), None)
         if i is not None: extra.append(i); ordered.add(i)
     return extra
 
 # %% ../nbs/13_control_deps.ipynb #eb4f8996
-def _drop_forward(sync_node: Node, deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> list[Node]:
+def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> list[Node]:
     "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
-    if not is_bwd_node(sync_node): return deps
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
+
+# %% ../nbs/13_control_deps.ipynb #5cd4e071
+def _backward_syncs(graph: torch.fx.Graph) -> set[Node]:
+    "The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node."
+    out, in_backward = set(), False
+    for n in graph.nodes:
+        if n.op != "call_function": continue
+        if decode(n) is None: in_backward = in_backward or is_bwd_node(n)
+        elif is_bwd_node(n) or (in_backward and n.meta.get("partitioner_tag") is None): out.add(n)
+    return out
 
 # %% ../nbs/13_control_deps.ipynb #005b3c0f
 def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
@@ -225,6 +238,11 @@ def _chained(nodes: list[Node]) -> list[Node]:
     getitems = set(nodes[0].users)
     if any(i in getitems for n in nodes[1:] for i in n.all_input_nodes): return nodes[1:]
     return nodes
+
+# %% ../nbs/13_control_deps.ipynb #03857da0
+def _unannotated_after(nodes: list[Node], stream: int | None, ctrl: Node | None) -> list[Node]:
+    "The `None` list after a sync on `stream` with ctrl `ctrl` took `nodes`: its ctrl if `stream` is not the current one."
+    return [ctrl] if nodes and ctrl is not None and not get_registry().is_current_stream(stream) else []
 
 # %% ../nbs/13_control_deps.ipynb #67830e98
 def _deallocs_by_record(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
@@ -301,8 +319,9 @@ class SeedWrap:
         "The deps `node` is wrapped with; `crossing` is `(recorded_on, waiting)` for a wait."
         return deps
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:
-        "After a sync on `stream`, its list starts empty: earlier nodes are ordered through the getitems."
+        "After a sync on `stream`, its list and the `None` list start empty: earlier nodes are ordered through the getitems."
         w.stream_to_nodes[stream] = []
+        if None in w.stream_to_nodes: w.stream_to_nodes[None] = []
     def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:
         "After a host barrier every list starts empty."
         w.stream_to_nodes.clear()
@@ -327,13 +346,14 @@ class _CorrectedReading(SeedWrap):
 class CorrectedWrap(_CorrectedReading):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def start(self, w: _Walk) -> None:
-        w.values = {}                                  # every value so far per stream, and the getitems for it (6)
-        w.memory = _memory_after_waits(w.gm)           # wait -> the in-place accesses that only it orders (6)
+        # every value so far per stream, with the getitems for it; wait -> the in-place accesses only it orders (6)
+        w.values, w.memory = {}, _memory_after_waits(w.gm)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
-        w.forward_ctrls = set()                        # ctrls of forward syncs (7)
+        w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph)   # forward syncs' ctrls; (7)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)            # 8
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
+        if None in w.stream_to_nodes: w.stream_to_nodes[None] = _unannotated_after(w.stream_to_nodes[None], stream, ctrl)
     def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:                              # 8
         if ctrl is None: return super().after_barrier(w, ctrl)
         for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]
@@ -343,18 +363,18 @@ class CorrectedWrap(_CorrectedReading):
         deps = list(dict.fromkeys(self.tuple_deps(w, self.backward_deps(w, node, deps))))   # (no repeats)
         return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
     def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:            # 7
-        return _drop_forward(node, deps, w.forward_ctrls)
+        return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else deps
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
-        extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values)
-        return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory)
+        extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
+        return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:                   # 12
         return [*w.graph.find_nodes(op="placeholder"), *deps]
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
-        if not is_bwd_node(node): w.forward_ctrls.add(ctrl)
+        if node not in w.backward_syncs: w.forward_ctrls.add(ctrl)
         if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
-        for g in passthrough if is_bwd_node(node) else ():   # a forward input passed through a backward sync (6)
+        for g in passthrough if node in w.backward_syncs else ():   # a forward input passed through a backward sync (6)
             if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
     def add(self, w: _Walk, node: Node) -> None:
         super().add(w, node)
@@ -422,7 +442,6 @@ class _Walk:
 
     def after_sync(self, stream: int | None, ctrl: Node | None) -> None:
         self.rules.after_sync(self, stream, ctrl)
-        if None in self.stream_to_nodes: self.stream_to_nodes[None] = []
 
     def barrier(self, node: Node) -> None:
         "`synchronize_device`/`synchronize_stream`: the host blocks, so every stream's work so far comes before."

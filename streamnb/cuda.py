@@ -237,7 +237,7 @@ def measure(gm: GraphModule, *args, backend=None, registry: StreamRegistry | Non
             name: str = "measured"):
     """Run `gm` (after `warmup` untimed runs) with a start/end mark per compute node: `(outputs, Timeline)`.
     On CUDA, `peak_memory` is `torch.cuda.max_memory_allocated` during the timed run, less what was allocated before
-    it, plus the inputs (as the simulator counts them)."""
+    it, plus the inputs (as the simulator counts them): allocated bytes, not the simulator's held bytes (see above)."""
     check_graph_module(gm)
     backend = backend if backend is not None else _default_backend(device)
     reg = registry if registry is not None else get_registry()

@@ -102,13 +102,29 @@ class Explanation:
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
+    def same_schedule(self) -> bool:
+        "Do both modes' backwards run every kernel on the same stream at the same estimated time?"
+        up, de = (self.modes[m].timeline for m in ("upstream", "default"))
+        return up.spans == de.spans and up.makespan == de.makespan
+
     def plot_timelines(self):
-        "The backward's estimated timeline before the passes, after the seed's, after streamnb's."
-        return plot_timeline(self.before, *(r.timeline for r in self.modes.values()),
-                             titles=["before the passes"] + [f"{m} passes" for m in self.modes])
+        """The backward's estimated timeline before the passes, after the seed's, after streamnb's. When both modes give
+        the same schedule, one panel shows it, and its title says where they differ (sanitizer errors, peak memory)."""
+        if not self.same_schedule():
+            return plot_timeline(self.before, *(r.timeline for r in self.modes.values()),
+                                 titles=["before the passes"] + [f"{m} passes" for m in self.modes])
+        up, de = self.modes["upstream"], self.modes["default"]
+        diff = [f"{len(r.report.errors)} vs {len(de.report.errors)} errors in program order"
+                for r in (up,) if len(r.report.errors) != len(de.report.errors)]
+        diff += [f"{len(r.reorder_report.errors)} vs {len(de.reorder_report.errors)} under reordering"
+                 for r in (up,) if len(r.reorder_report.errors) != len(de.reorder_report.errors)]
+        diff += ["in held memory" for r in (up,) if r.timeline.memory != de.timeline.memory]
+        why = f"; they differ only {', '.join(diff)}" if diff else ""
+        return plot_timeline(self.before, de.timeline,
+                             titles=["before the passes", f"upstream and default passes: the same schedule{why}"])
 
     def plot_memory(self):
-        "The backward's allocated memory over time, both modes."
+        "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,

@@ -54,16 +54,21 @@ def _marks(marks) -> frozenset:
     return marks
 
 # %% ../nbs/05_plot.ipynb #fbc29d69
-def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool) -> None:
+def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool, label=frozenset(),
+          racing=frozenset()) -> None:
     racy = {r.consumer for r in tl.unordered_reads} if races else set()
+    flagged = set(racing) if races else set()
     for name, (s, start, end) in tl.spans.items():
         color = _STREAM_COLORS[s % len(_STREAM_COLORS)]   # by stream index: same colour in every panel
-        bad = name in racy
+        bad = name in racy or name in flagged
         (bar,) = ax.barh(y[s], (end - start) * k, left=start * k, height=0.6, color=color, alpha=0.85,
-                         edgecolor="red" if bad else "black", linewidth=2.0 if bad else 0.5)
+                         edgecolor="red" if bad else "black", linewidth=2.0 if bad else 0.5,
+                         linestyle="--" if name in flagged and name not in racy else "-")
         bar.set_gid(f"kernel:{name}")
         if _fits(ax, end - start, span, name):
             ax.text((start + end) / 2 * k, y[s], name, ha="center", va="center", fontsize=7.5, gid=f"label:{name}")
+        elif name in label:   # too short to hold its name: write it just above the bar
+            ax.text((start + end) / 2 * k, y[s] - 0.32, name, ha="center", va="bottom", fontsize=7.5, gid=f"label:{name}")
 
 # %% ../nbs/05_plot.ipynb #f8e8013a
 def _waits(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
@@ -107,10 +112,11 @@ def _unsafe_frees(ax: Axes, tl: Timeline, y: dict, k: float) -> None:
         _marker(ax, u.freed_at * k, y[u.stream] + 0.42, f"unsafe_free:{u.tensor}", marker="*", color="red", markersize=11)
 
 # %% ../nbs/05_plot.ipynb #5a7697da
-def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: float, marks: frozenset = frozenset(MARKS)) -> None:
+def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: float, marks: frozenset = frozenset(MARKS),
+              label=frozenset(), racing=frozenset()) -> None:
     rs = rows(tl)
     y = {r: i for i, r in enumerate(rs)}
-    _bars(ax, tl, y, span, k, "races" in marks)
+    _bars(ax, tl, y, span, k, "races" in marks, label, racing)
     for kind, draw in (("waits", _waits), ("flows", _flows), ("record_stream", _record_stream), ("syncs", _syncs),
                        ("unsafe_frees", _unsafe_frees)):
         if kind in marks: draw(ax, tl, y, k)
@@ -132,16 +138,22 @@ _LEGEND = {   # mark kind -> (is it on this timeline?, its legend entries)
     "unsafe_frees": (lambda tl: tl.unsafe_frees, [Line2D([], [], color="red", marker="*", ls="none", markersize=10, label="unsafe free")]),
 }
 
-def _legend_entries(timelines: Sequence[Timeline], marks=None) -> list:
+_RACING = Patch(facecolor="white", edgecolor="red", linewidth=2, linestyle="--", label="race (sanitizer)")
+
+def _legend_entries(timelines: Sequence[Timeline], marks=None, racing=None) -> list:
     "The legend's handles: one per kind of mark that is drawn and occurs on at least one of `timelines`."
     marks = _marks(marks)
-    return [h for kind, (occurs, hs) in _LEGEND.items() if kind in marks and any(occurs(tl) for tl in timelines) for h in hs]
+    hs = [h for kind, (occurs, hs) in _LEGEND.items() if kind in marks and any(occurs(tl) for tl in timelines) for h in hs]
+    if "races" in marks and any(racing or ()): hs.insert(1 if hs and hs[0].get_label() == "unordered read" else 0, _RACING)
+    return hs
 
 # %% ../nbs/05_plot.ipynb #b3d1281f
 def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax: Axes | Sequence[Axes] | None = None,
-                  width: float = 10.0, marks=None) -> Figure:
+                  width: float = 10.0, marks=None, label=(), racing=None) -> Figure:
     """Gantt chart of one or more timelines, stacked top to bottom on a shared time axis in µs. `marks`: the kinds of
-    marker to draw, from `MARKS` (None: all); kernels are always drawn."""
+    marker to draw, from `MARKS` (None: all); kernels are always drawn. `label`: kernel names whose bar always carries
+    its name. `racing`: one collection of kernel names per timeline, outlined in dashed red (with `"races"` marks):
+    races the sanitizer found that the simulator does not mark, such as a write while another stream reads."""
     if not timelines: raise ValueError("plot_timeline needs at least one Timeline")
     for i, tl in enumerate(timelines):
         if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
@@ -157,13 +169,16 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
         axes = [ax] if isinstance(ax, Axes) else list(ax)
         fig = axes[0].figure
     if len(axes) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(axes)} axes")
+    racing = [frozenset(r) for r in racing] if racing is not None else [frozenset()] * len(timelines)
+    if len(racing) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(racing)} entries in racing")
+    label = frozenset([label] if isinstance(label, str) else label)
     span = max(tl.makespan for tl in timelines) or 0.001
     unit, k = time_unit(span)
-    for a, tl, title in zip(axes, timelines, titles):
+    for a, tl, title, rc in zip(axes, timelines, titles, racing):
         a.set_xlim(-0.015 * span * k, span * k * 1.02)   # a margin at t=0: marks there stay visible
-        _draw_one(a, tl, title, span, unit, k, marks)
+        _draw_one(a, tl, title, span, unit, k, marks, label, rc)
     axes[-1].set_xlabel(f"time ({unit})")
-    handles = _legend_entries(timelines, marks)
+    handles = _legend_entries(timelines, marks, racing)
     if ax is None:   # our own figure: the legend goes in a strip along the bottom
         if handles: fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7.5, frameon=False)
         fig.tight_layout(rect=(0, (0.35 if handles else 0.05) / fig.get_figheight(), 1, 1))
@@ -180,7 +195,7 @@ def _unit(nbytes: float) -> tuple[str, float]:
 # %% ../nbs/05_plot.ipynb #be3928ab
 def plot_memory(*timelines: Timeline, labels: Sequence[str] | None = None, ax: Axes | None = None,
                 width: float = 8.0) -> Figure:
-    "Allocated bytes over time for one or more timelines, overlaid, each peak marked."
+    "Bytes held over time (blocks not free for reuse, in GPU time) for one or more timelines, overlaid, each peak marked."
     if not timelines: raise ValueError("plot_memory needs at least one Timeline")
     labels = list(labels) if labels is not None else [tl.name or f"timeline {i}" for i, tl in enumerate(timelines)]
     if ax is None: fig, ax = plt.subplots(figsize=(width, 3.2))
@@ -195,7 +210,7 @@ def plot_memory(*timelines: Timeline, labels: Sequence[str] | None = None, ax: A
                           label=f"{label} (peak {tl.peak_memory / scale:g} {unit})", color=f"C{i}", gid=f"memory:{label}")
         t_peak = next(t for t, b in tl.memory if b == tl.peak_memory)
         ax.plot([t_peak * k], [tl.peak_memory / scale], marker="o", color=f"C{i}", ms=7, ls="none", gid=f"peak:{label}")
-    ax.set_xlabel(f"time ({tunit})"); ax.set_ylabel(f"allocated ({unit})")
+    ax.set_xlabel(f"time ({tunit})"); ax.set_ylabel(f"held ({unit})")
     ax.set_ylim(bottom=0); ax.grid(alpha=0.3); ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -66,6 +66,7 @@ class Block:
         self.last_write = None       # Access
         self.reads: list = []        # Accesses since the last write
         self.last_use: dict = {}     # stream -> the last Access on that stream
+        self.accesses: list = []     # every Access, in program order (for reordering: a stream keeps no order of its own)
         self.record_streams: set = set()
         self.sync_deallocs: list = []
     @property
@@ -89,14 +90,26 @@ def _on_cpu(m: Storage) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "cpu"
 
 # %% ../nbs/07_sanitizer.ipynb #cd5e4241
-def _blocks(gm: GraphModule, key: Callable) -> tuple[dict, dict]:
+def _cpu_stands_for_device(gm: GraphModule) -> bool:
+    "True if every tensor value of `gm` is on the CPU and it names a stream: a GPU program traced on a CPU."
+    streams_named = False
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu": return False
+        streams_named = streams_named or get_stream(n) is not None or decode(n, gm) is not None
+    return streams_named
+
+# %% ../nbs/07_sanitizer.ipynb #745dab2d
+def _blocks(gm: GraphModule, key: Callable, cpu_as_device: bool = False) -> tuple[dict, dict]:
     """The alias model (`streamops.storages`) with one `Block` per storage, on the stream `key(node)` of its node: each
     node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it. CPU tensors get
-    no Block: nothing is checked for them."""
+    no Block (nothing is checked for them) unless `cpu_as_device`."""
     blocks: dict = {}
     def blk(m):
         if isinstance(m, tuple): return tuple(map(blk, m))
-        return None if m is None or _on_cpu(m) else blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
+        if m is None or (_on_cpu(m) and not cpu_as_device): return None
+        return blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
     store = {n: blk(m) for n, m in storages(gm).items()}
     uses: dict = {}
     for n, t in store.items():
@@ -131,7 +144,7 @@ class DataOrder:
 @dataclass
 class Finding:
     "One finding: its `kind`, the nodes and streams involved (the later one first) and a sentence a reader understands."
-    kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall, unknown_stream
+    kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall, unknown_stream, cpu_values
     nodes: tuple                  # node names
     streams: tuple                # their streams (None: the current stream)
     message: str                  # the printout
@@ -232,7 +245,8 @@ class _Sanitizer:
         self.gm, self.registry = gm, registry
         self.stream = lambda i: physical_stream(i, registry)    # a stream index -> the physical stream
         self.key = lambda n: self.stream(get_stream(n))         # a node -> its physical stream
-        self.store, self.uses = _blocks(gm, self.key)
+        self.cpu_as_device = _cpu_stands_for_device(gm)
+        self.store, self.uses = _blocks(gm, self.key, self.cpu_as_device)
         self.nodes = list(gm.graph.nodes)
         pos = {n: i for i, n in enumerate(self.nodes)}
         self.frees: dict = {}        # node -> tensors freed right after it (graph inputs and outputs are never freed)
@@ -297,9 +311,11 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
             elif san.do is not None and not san.do.ordered(p, s, st):
                 why, pair = _missing_link(san, p, [n], s)
                 san.flag("reorderable", t, (n, p.node), (s, p.stream), _reorder_msg(t, acc, p, what, why), pair=pair)
+        if san.do is not None: _reorder_older(san, t, n, acc, prevs, st)
         if acc.write: t.last_write, t.reads = acc, []
         else: t.reads.append(acc)
         t.last_use[s] = acc
+        t.accesses.append(acc)
     if st is not None: st[s] = st.get(s, 0) | san.do.bit[n]
 
 # %% ../nbs/07_sanitizer.ipynb #6174322b
@@ -378,6 +394,17 @@ def on_sync(san: _Sanitizer, n: Node, op: StreamOp, st: dict | None) -> None:
     _ON_SYNC[op.kind](san, n, op, st)
 
 # %% ../nbs/07_sanitizer.ipynb #5b4de9e2
+def _reorder_older(san: _Sanitizer, t: Block, n: Node, acc: Access, prevs: list, st: dict) -> None:
+    "`reorder=True`: the accesses before the last write (or, for a write, before the reads since it) must be ordered along data edges too."
+    s, seen = san.key(n), set(map(id, prevs))
+    for p in t.accesses:
+        if id(p) in seen or p.node is n or p.stream == s or not (acc.write or p.write) or not san.vc.ordered(p, s): continue
+        if not san.do.ordered(p, s, st):
+            what = "a write after a read" if acc.write and not p.write else "a write after a write" if acc.write else "a read after a write"
+            why, pair = _missing_link(san, p, [n], s)
+            san.flag("reorderable", t, (n, p.node), (s, p.stream), _reorder_msg(t, acc, p, what, why), pair=pair)
+
+# %% ../nbs/07_sanitizer.ipynb #a827888e
 def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
     "After its last use the block returns to its allocating stream: every use on another stream must be ordered before."
     A = t.stream
@@ -385,19 +412,24 @@ def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
         if B == A or B in t.record_streams: continue   # record_stream defers the free until B's work so far is done
         if not san.vc.ordered(acc, A):
             san.flag("unsafe_reuse", t, (acc.node, n), (B, A), _reuse_msg(t, n, acc))
-        elif san.do is not None:
-            stA: dict = {}
-            for u in san.uses[t]:
-                for k, v in san.do.after[u].items(): stA[k] = stA.get(k, 0) | v
-            if not san.do.ordered(acc, A, stA):
-                why, pair = _missing_link(san, acc, list(san.uses[t]), A, free=True)
-                san.flag("reorderable", t, (acc.node, n), (B, A), _reorder_free_msg(t, n, acc, why), pair=pair)
+        elif san.do is not None: _reorder_free(san, t, n, B)
     if t.record_streams and t.sync_deallocs:
         san.flag("redundant_free", t, (t.sync_deallocs[0],), (A,),
                  f"streamnb warning: tensor {t.name} is kept alive by both record_stream (for "
                  f"{', '.join(sorted(map(_sname, t.record_streams)))}) and {t.sync_deallocs[0].name}: two mechanisms for one free; "
                  f"record_stream alone makes the free depend on GPU progress, sync_dealloc alone is deterministic.",
                  severity="warning")
+
+# %% ../nbs/07_sanitizer.ipynb #e7593af5
+def _reorder_free(san: _Sanitizer, t: Block, n: Node, B) -> None:
+    "`reorder=True`: every use of `t` on stream `B` (not only the last in program order) is ordered before the free along data edges."
+    A, stA = t.stream, {}
+    for u in san.uses[t]:   # what the allocating stream knows once every user of the block has been issued
+        for k, v in san.do.after[u].items(): stA[k] = stA.get(k, 0) | v
+    for acc in t.accesses:
+        if acc.stream == B and not san.do.ordered(acc, A, stA):
+            why, pair = _missing_link(san, acc, list(san.uses[t]), A, free=True)
+            san.flag("reorderable", t, (acc.node, n), (B, A), _reorder_free_msg(t, n, acc, why), pair=pair)
 
 # %% ../nbs/07_sanitizer.ipynb #038df16c
 def _check_args(gm, reorder, registry, current_streams, estimate) -> None:
@@ -430,6 +462,10 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     unknown = unknown_streams(gm, reg) if registry is None and current_streams is None else {}
     san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)))
     report = san.run()
+    if san.cpu_as_device:
+        san.flag("cpu_values", None, (), (), "streamnb warning: every value of this graph is a CPU tensor and it names "
+                 "streams (as a graph torch.compile hands a backend on a CPU): its tensors were checked as if they were "
+                 "on the device. On a CPU the graph runs on one stream and cannot race.", severity="warning")
     if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg).run(), current_stream_key(reg))
     if estimate is not None: _stalls(san, estimate)
     return report

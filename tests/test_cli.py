@@ -127,3 +127,29 @@ def test_assign_demo_and_a_users_model(src, tmp_path, capsys):
     assert max(int(r.split()[2]) for r in rows) <= 2          # one side stream at most
     assert "--side-streams -1: must be >= 0" in error_line(capsys, ["assign", "--side-streams", "-1", "--out", str(mine)])
     assert "nope.py: no such file" in error_line(capsys, ["assign", f"{tmp_path}/nope.py:f", "--out", str(mine), "--quiet"])
+
+
+def test_demo_timeline_says_why_the_two_modes_look_the_same():
+    """`streamnb demo`'s timeline.png (`Explanation.plot_timelines`): the transformer block's two processed backwards
+    have the same schedule, so one panel shows both and its title names where they differ (issue 25); a different
+    schedule gets a panel per mode."""
+    import copy
+    import matplotlib
+    matplotlib.use("Agg")
+    from streamnb.examples import transformer_block_example
+    from streamnb.explainer import explain
+    model, inputs = transformer_block_example()
+    ex = explain(model, *inputs, device="H100", check=False)
+    assert ex.same_schedule()
+    titles = [a.get_title(loc="left") for a in ex.plot_timelines().axes]
+    assert len(titles) == 2 and titles[0].startswith("before the passes")
+    assert titles[1].startswith("upstream and default passes: the same schedule; they differ only")
+    up, de = ex.modes["upstream"], ex.modes["default"]
+    assert len(up.reorder_report.errors) != len(de.reorder_report.errors) and "under reordering" in titles[1]
+    other = copy.copy(ex); other.modes = dict(ex.modes)
+    shifted = copy.copy(up.timeline)
+    shifted.spans = {n: (s, a + 0.001, b + 0.001) for n, (s, a, b) in up.timeline.spans.items()}
+    other.modes["upstream"] = copy.copy(up); other.modes["upstream"].timeline = shifted
+    assert not other.same_schedule()
+    titles = [a.get_title(loc="left") for a in other.plot_timelines().axes]
+    assert [t.split(" (")[0] for t in titles] == ["before the passes", "upstream passes", "default passes"]

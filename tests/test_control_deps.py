@@ -342,16 +342,63 @@ def test_correction_7_backward_sync_drops_forward_deps():
 
 
 def test_forward_syncs_keep_forward_deps(monkeypatch):
-    "The same graph with forward-tagged (or untagged) syncs: correction 7 drops nothing (the seed's deps stay)."
+    "The same graph with forward-tagged syncs: correction 7 drops nothing (the seed's deps stay)."
     import streamnb.control_deps as cd
-    for tag in ("is_forward", None):
-        a, up = joint_record_wait(tag), joint_record_wait(tag)
-        wrap(a); wrap(up, upstream=True)
-        assert [d.name for d in ctrls(a)[0].args[0]] == [d.name for d in ctrls(up)[0].args[0]] == ["sin", "mul", "cos"]
-        with monkeypatch.context() as m:
-            m.setattr(cd.CorrectedWrap, "backward_deps", lambda self, w, node, deps: deps)   # correction 6 only
-            b = joint_record_wait(tag); wrap(b)
-        assert canonical(a) == canonical(b)
+    a, up = joint_record_wait("is_forward"), joint_record_wait("is_forward")
+    wrap(a); wrap(up, upstream=True)
+    assert [d.name for d in ctrls(a)[0].args[0]] == [d.name for d in ctrls(up)[0].args[0]] == ["sin", "mul", "cos"]
+    with monkeypatch.context() as m:
+        m.setattr(cd.CorrectedWrap, "backward_deps", lambda self, w, node, deps: deps)   # correction 6 only
+        b = joint_record_wait("is_forward"); wrap(b)
+    assert canonical(a) == canonical(b)
+
+
+def untagged_syncs_before_backward():
+    "joint_record_wait with untagged syncs placed before g, the first backward compute node."
+    gm = joint_record_wait(None)
+    g = node(gm, "mul")
+    for n in [n for n in gm.graph.nodes if n.target in (REC, WAIT)]: g.prepend(n)
+    gm.recompile()
+    return gm
+
+
+def test_untagged_syncs_are_placed_by_position():
+    "An untagged sync after backward work is a backward sync (as if tagged must_be_in_backward); one before is forward."
+    tagged, untagged = joint_record_wait(), joint_record_wait(None)
+    wrap(tagged); wrap(untagged)
+    assert [d.name for d in ctrls(untagged)[0].args[0]] == [d.name for d in ctrls(tagged)[0].args[0]] == ["mul"]
+    assert backward_forward_deps(untagged) == [] and inner(untagged, ctrls(untagged)[0]).meta.get("partitioner_tag") is None
+    early, up = untagged_syncs_before_backward(), untagged_syncs_before_backward()
+    wrap(early); wrap(up, upstream=True)
+    assert [d.name for d in ctrls(early)[0].args[0]] == [d.name for d in ctrls(up)[0].args[0]] == ["sin", "cos"]
+
+
+def untagged_sync_between_backward_syncs():
+    """Backward-only: relu reads primals_1 on stream 1, then a user's untagged record(2, 1), sin on stream 1, the
+    passes' record(3, 1)/wait(3, 0), and copy_ on stream 0 writes primals_1 from sin (tests/test_properties.py's
+    test_alias_graphs_sanitizer_reorder, seed 9, made small)."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    t = b.input("tangents_1")
+    r = b.op(aten.relu.default, x, stream=1)
+    b.sync(REC, 2, 1)                                         # the user's sync: no partitioner_tag
+    s = b.op(aten.sin.default, t, stream=1)
+    b.sync(REC, 3, 1, tag="must_be_in_backward")
+    b.sync(WAIT, 3, 0, tag="must_be_in_backward")
+    c = b.op(aten.copy_.default, x, s, stream=0)
+    return b.output(r, s, c)   # (s an output: never freed, so no sync_dealloc is needed)
+
+
+def test_untagged_sync_in_the_backward_keeps_the_chain():
+    "The untagged record is a backward sync: its ctrl stays in record 3's deps (correction 8), so copy_ follows relu."
+    from streamnb.sanitizer import sanitize
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        gm = untagged_sync_between_backward_syncs(); wrap(gm)
+    rec2, rec3, wait3 = ctrls(gm)
+    assert rec3.args[0] == (rec2, node(gm, "sin"))
+    assert node(gm, "relu") in ancestors(node(gm, "copy_"))
+    rep = sanitize(gm, registry=StreamRegistry(start=10, current_stream=0), reorder=True)
+    assert rep.ok, "\n".join(e.message for e in rep.errors)
 
 
 def test_backward_barriers_drop_forward_values():
@@ -542,6 +589,32 @@ def test_correction_8_backward_sync_drops_forward_ctrl():
     gm = b.output(f)
     wrap(gm)
     assert len(ctrls(gm)) == 1 and [n.args for n in gm.graph.nodes if n.target is REC] == [(3, 1)]
+
+
+def unannotated_read_then_record_elsewhere():
+    """relu reads x unannotated (the current stream, 0); record(3, 2) takes it as a dep; then record(4, 0), wait(4, 1)
+    and copy_ writes x on stream 1 (tests/test_properties.py's race-free test, seed 18, made small)."""
+    b = GraphBuilder()
+    x, y = b.input("x"), b.input("y")
+    p = b.op(aten.neg.default, y, stream=2)
+    u = b.op(aten.relu.default, x)                              # unannotated: runs on the current stream
+    b.sync(REC, 3, 2)
+    b.sync(REC, 4, 0)
+    b.sync(WAIT, 4, 1)
+    c = b.op(aten.copy_.default, x, y, stream=1)
+    return b.output(p, u, c)
+
+
+def test_correction_8_unannotated_nodes_keep_the_chain():
+    "The record on the current stream follows record(3, 2)'s ctrl, which took relu: copy_ cannot move above relu."
+    from streamnb.sanitizer import sanitize
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        gm = unannotated_read_then_record_elsewhere(); wrap(gm)
+        rec3, rec4, wait4 = ctrls(gm)
+        assert rec4.args[0] == (rec3,) and rec4 in wait4.args[0]
+        assert node(gm, "relu") in ancestors(node(gm, "copy_"))
+    rep = sanitize(gm, registry=StreamRegistry(start=10, current_stream=0), reorder=True)
+    assert rep.ok, "\n".join(e.message for e in rep.errors)
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -99,6 +99,23 @@ def test_labels_only_where_they_fit():
     tl = simulate(b.output(), cost={"a_very_long_kernel_name": 0.00001, "wide": 0.01})
     fig = plot_timeline(tl)
     assert gids(fig, "label:") == ["label:wide"]
+    fig = plot_timeline(tl, label={"a_very_long_kernel_name"})   # named: labelled anyway, just above its bar
+    assert gids(fig, "label:") == ["label:a_very_long_kernel_name", "label:wide"]
+    text = artist(fig, "label:a_very_long_kernel_name")
+    assert text.get_va() == "bottom" and text.get_position()[1] < 0   # above row 0 (the y axis points down)
+
+
+def test_racing_outlines_what_the_sanitizer_found_per_panel():
+    tl = simulate(graph(True), cost=COST)
+    fig = plot_timeline(tl, tl, racing=[{"c"}, ()], marks={"races"})
+    bar0, bar1 = artist(fig, "kernel:c", 0), artist(fig, "kernel:c", 1)
+    assert bar0.get_edgecolor()[:3] == (1.0, 0.0, 0.0) and bar0.get_linestyle() == "--"
+    assert bar1.get_edgecolor()[:3] != (1.0, 0.0, 0.0)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["unordered read", "race (sanitizer)"]   # d reads p unordered
+    fig = plot_timeline(tl, racing=[{"c"}], marks={"waits"})        # "races" not drawn: no outline, no legend entry
+    assert artist(fig, "kernel:c").get_edgecolor()[:3] != (1.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="1 timelines but 2 entries in racing"):
+        plot_timeline(tl, racing=[{"c"}, {"c"}])
 
 
 def test_plot_memory():
@@ -112,7 +129,7 @@ def test_plot_memory():
         assert peak.get_ydata()[0] == tl.peak_memory       # bytes (small tensors)
         (line,) = [l for l in ax.lines if l.get_gid() == f"memory:{lab}"]
         assert list(line.get_ydata()[:-1]) == [b for _, b in tl.memory]
-    assert ax.get_ylabel() == "allocated (B)"
+    assert ax.get_ylabel() == "held (B)"   # not torch.cuda.memory_allocated(): blocks held until reusable, in GPU time
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == f"none (peak {tls[0].peak_memory} B)"
 
 
