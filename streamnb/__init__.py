@@ -1,6 +1,7 @@
 """streamnb: GPU stream semantics for compiled PyTorch graphs, as literate notebooks.
 
-The seed's passes under the seed's names (`upstream=True` for PyTorch's behaviour node for node), the stream-op model
+The seed's passes under the seed's names (`upstream=True` for the seed's, node for node: torch 2.13's streams.py without its `wait_stream` handling,
+PR #185627), the stream-op model
 they and everything after them share (`streamnb.streamops`), the simulator, plots, trace export, sanitizer, capture
 of real models, the CUDA executor, explain, and automatic stream assignment (`assign_streams`).
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch.fx import GraphModule, Node
 
-from .streamops import StreamOp, check_stream_ops, decode, reserve_indices_in_use
+from .streamops import StreamOp, check_stream_ops, decode, reserve_indices_in_use, schema_args, storages
 from .graph import (aten, correction, stream_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
@@ -47,15 +47,39 @@ def _joins(op: StreamOp, stream: int, recorded_on: dict) -> bool:
 
 # %% ../nbs/10_backward_streams.ipynb #f697cc86
 def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
-    "The first sync between `copy`'s source and `copy` that joins `copy`'s stream, if any."
-    src, stream, recorded_on, after_src = copy.args[1], get_stream(copy), {}, False
+    "The first sync after all of `copy`'s inputs (its source last, usually) and before `copy` that joins `copy`'s stream."
+    pending, stream, recorded_on = set(copy.all_input_nodes), get_stream(copy), {}
     for n in gm.graph.nodes:
         if n is copy: return None
-        after_src = after_src or n is src
+        pending.discard(n)   # moved above the join, the copy must still come after its destination too
         if (op := decode(n, gm)) is None: continue
         if op.kind == "record_event": recorded_on[op.event] = op.stream
-        elif after_src and _joins(op, stream, recorded_on): return n
+        elif not pending and _joins(op, stream, recorded_on): return n
     return None
+
+# %% ../nbs/10_backward_streams.ipynb #704a8166
+def _blocks_of(mem: dict, n: Node) -> set:
+    "The storages `n`'s value lives in (`streamops.storages`), flattened."
+    out, todo = set(), [mem.get(n)]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, tuple): todo.extend(m)
+        elif m is not None: out.add(m)
+    return out
+
+def _touched_between(gm: GraphModule, join: Node, copy: Node) -> bool:
+    """Would moving `copy` above `join` change a result? Yes if a node in between reads or writes the copy's destination,
+    or writes its source, through any alias (a view, a split, an in-place op's result)."""
+    mem = storages(gm)
+    dst, src = _blocks_of(mem, copy.args[0]), _blocks_of(mem, copy.args[1])
+    n = join
+    while n is not copy:
+        written = {m for a, nodes in schema_args(n) if a is not None and a.alias_info is not None and a.alias_info.is_write
+                   for x in nodes for m in _blocks_of(mem, x)} if n.op == "call_function" else set()
+        read = {m for x in n.all_input_nodes for m in _blocks_of(mem, x)}
+        if read & dst or written & (dst | src): return True
+        n = n.next
+    return False
 
 # %% ../nbs/10_backward_streams.ipynb #974e0427
 class SeedEpilogue:
@@ -68,11 +92,12 @@ class CorrectedEpilogue(SeedEpilogue):
     "streamnb's default placement of an epilogue copy (the number is the corrections registry's)."
     @correction(13, "10_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's "
                 "join of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch "
-                "#197416)", "the copy moves before the first join after its source (unless a node in between reads the input)")
+                "#197416)", "the copy moves before the first join after its source (unless a node in between touches the "
+                "input or writes the source, through any alias)")
     def place(self, gm: GraphModule, copy: Node) -> None:
-        "Move `copy` before the first join of its stream after its source, where nothing in between reads its destination."
+        "Move `copy` before the first join of its stream after its source, unless that changes what anything computes."
         join = _first_join_after_source(gm, copy)
-        if join is None or any(join < u < copy for u in copy.args[0].users): return
+        if join is None or _touched_between(gm, join, copy): return
         join.prepend(copy)
 
 # %% ../nbs/10_backward_streams.ipynb #605bc25e

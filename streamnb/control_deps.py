@@ -15,6 +15,7 @@ from torch.fx.node import map_arg
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
 from . import fastfx
+from .graph import check_graph_module
 from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, correction, stream_pass, get_registry, get_stream,
                             is_bwd_node, is_control_deps, streams)
 from .streamops import OPS, StreamOp, check_stream_ops, decode, is_view, schema_args, storages
@@ -31,6 +32,7 @@ class HoistError(StreamnbError, ValueError):
 def hoist_above(gm: GraphModule, node: Node | str, anchor: Node | str) -> None:
     """Move `node`, with the nodes after `anchor` that it reads (directly or not), right before `anchor`: a legal order
     of the data edges, as a scheduler may choose it. `HoistError` (before any change) if `node` depends on `anchor`."""
+    check_graph_module(gm)
     named = {n.name: n for n in gm.graph.nodes}
     for n in (node, anchor):
         if isinstance(n, str) and n not in named: raise StreamnbError(f"node {n}: no node of that name in the graph")
@@ -92,6 +94,7 @@ class EmptyGraphError(StreamnbError, RuntimeError):
 # %% ../nbs/13_control_deps.ipynb #3e57f291
 def check_events_recorded(gm: GraphModule) -> None:
     "Raise `UnknownEventError` naming the first `wait_event` whose event no earlier `record_event` of `gm` records."
+    check_graph_module(gm)
     recorded = set()
     for n in gm.graph.nodes:
         if (op := decode(n, gm)) is None: continue
@@ -241,7 +244,7 @@ def _chained(nodes: list[Node]) -> list[Node]:
 
 # %% ../nbs/13_control_deps.ipynb #03857da0
 def _unannotated_after(nodes: list[Node], stream: int | None, ctrl: Node | None) -> list[Node]:
-    "The `None` list after a sync on `stream` with ctrl `ctrl` took `nodes`: its ctrl if `stream` is not the current one."
+    "The `None` list after a sync on `stream` took its `nodes`: the sync's `ctrl` if `stream` is not the current one."
     return [ctrl] if nodes and ctrl is not None and not get_registry().is_current_stream(stream) else []
 
 # %% ../nbs/13_control_deps.ipynb #67830e98
@@ -319,7 +322,7 @@ class SeedWrap:
         "The deps `node` is wrapped with; `crossing` is `(recorded_on, waiting)` for a wait."
         return deps
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:
-        "After a sync on `stream`, its list and the `None` list start empty: earlier nodes are ordered through the getitems."
+        "After a sync on `stream`, its list and the `None` list start empty (earlier nodes: ordered through the getitems)."
         w.stream_to_nodes[stream] = []
         if None in w.stream_to_nodes: w.stream_to_nodes[None] = []
     def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:
@@ -346,8 +349,7 @@ class _CorrectedReading(SeedWrap):
 class CorrectedWrap(_CorrectedReading):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def start(self, w: _Walk) -> None:
-        # every value so far per stream, with the getitems for it; wait -> the in-place accesses only it orders (6)
-        w.values, w.memory = {}, _memory_after_waits(w.gm)
+        w.values, w.memory = {}, _memory_after_waits(w.gm)   # values per stream (and getitems); wait -> its accesses (6)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
         w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph)   # forward syncs' ctrls; (7)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)            # 8
@@ -483,6 +485,7 @@ _BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.defa
 def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = False, strict: bool = False) -> None:
     """Wrap every sync node of `gm` in `control_deps`, so that its order with the compute around it is a data edge.
     `strict=True` (default mode) refuses a `wait_event` on an event that no earlier node of `gm` records."""
+    check_graph_module(gm)
     graph = gm.graph
     if len(graph.nodes) == 0: raise EmptyGraphError("Expected a non-empty graph")
     if upstream and strict: raise StreamnbError("strict=True is a check of streamnb's default mode; the seed has none")
@@ -508,6 +511,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
 def wrap_by_hand(gm: GraphModule, deps: dict[str, list[str]]) -> GraphModule:
     """Wrap each sync node named in `deps` after the nodes named for it, in graph order. A name stands for the node that
     carries its value now (a sync: its `control_deps` node; a value passed through a sync: that getitem). Returns `gm`."""
+    check_graph_module(gm)
     now = {n.name: n for n in gm.graph.nodes}
     pos = {n: i for i, n in enumerate(gm.graph.nodes)}
     for name, ds in deps.items():   # every check before any change

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from torch.fx import GraphModule
 
-from .graph import GraphBuilder, StreamRegistry, aten, streams, use_registry
+from .graph import GraphBuilder, StreamRegistry, aten, check_graph_module, streams, use_registry
 from .simulator import simulate
 from .exercises import Exercise, insert, move
 from .examples import running_example
@@ -117,6 +117,7 @@ def two_consumers() -> GraphModule:
 #| code-fold: true
 def two_consumers_solution(gm: GraphModule) -> GraphModule:
     "Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait."
+    check_graph_module(gm)
     return wrap_by_hand(gm, {"record_event_default": ["p"],
                              "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem
                              "wait_event_default_1": ["record_event_default", "p"]})  # p: wait_event_default's getitem

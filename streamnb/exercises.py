@@ -153,6 +153,7 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
 
 def host_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix."
+    check_graph_module(best, 'best')
     allowed, out = Counter(op.kind for op in host_syncs(best)), []
     for op in host_syncs(answer):
         if allowed[op.kind] > 0: allowed[op.kind] -= 1; continue
@@ -204,6 +205,7 @@ def _say(op: StreamOp) -> str: return f"{op.kind} on {', '.join(_on(s) for s in 
 
 def sync_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "More syncs than the worked solution: the answer's syncs it has no match for (kind and streams), by node."
+    check_graph_module(best, 'best')
     n, nb = count_syncs(answer), count_syncs(best)
     if n <= nb: return []
     pool, extra = Counter((op.kind, op.streams) for op in _syncs(best)), []
@@ -225,6 +227,7 @@ def _frees(gm) -> dict:
 
 def free_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "A `sync_dealloc` placed after more kernels than the worked solution's: the memory comes back later than it could."
+    check_graph_module(best, 'best')
     want, out = _frees(best), []
     for t, (k, last, name) in _frees(answer).items():
         if t in want and k > want[t][0]:
@@ -234,6 +237,7 @@ def free_problems(best: GraphModule, answer: GraphModule) -> list[str]:
 
 def slow_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str]:
     "A makespan worse than the worked solution's, and the wait that idles a stream longer than there."
+    check_graph_module(best, 'best')
     mk, mb = makespan_us(answer, cost), makespan_us(best, cost)
     if mk <= mb * (1 + 1e-9) + 1e-9: return []
     idle_best = {}

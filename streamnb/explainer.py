@@ -114,12 +114,11 @@ class Explanation:
             return plot_timeline(self.before, *(r.timeline for r in self.modes.values()),
                                  titles=["before the passes"] + [f"{m} passes" for m in self.modes])
         up, de = self.modes["upstream"], self.modes["default"]
-        diff = [f"{len(r.report.errors)} vs {len(de.report.errors)} errors in program order"
-                for r in (up,) if len(r.report.errors) != len(de.report.errors)]
-        diff += [f"{len(r.reorder_report.errors)} vs {len(de.reorder_report.errors)} under reordering"
-                 for r in (up,) if len(r.reorder_report.errors) != len(de.reorder_report.errors)]
-        diff += ["in held memory" for r in (up,) if r.timeline.memory != de.timeline.memory]
-        why = f"; they differ only {', '.join(diff)}" if diff else ""
+        n = lambda r, rep: len(getattr(r, rep).errors)
+        diff = [f"{where} ({n(up, rep)} vs {n(de, rep)} sanitizer errors)" for rep, where in
+                (("report", "in program order"), ("reorder_report", "under reordering")) if n(up, rep) != n(de, rep)]
+        diff += ["in held memory"] if up.timeline.memory != de.timeline.memory else []
+        why = f"; they differ only {' and '.join(diff)}" if diff else ""
         return plot_timeline(self.before, de.timeline,
                              titles=["before the passes", f"upstream and default passes: the same schedule{why}"])
 

@@ -54,10 +54,17 @@ def _marks(marks) -> frozenset:
     return marks
 
 # %% ../nbs/05_plot.ipynb #fbc29d69
+def _text_width(ax: Axes, span: float, text: str, fontsize: float = 7.5) -> float:
+    "About how long `text` is in the axis's data units (ms), on an axis showing `span` (as `_fits` estimates it)."
+    axis_pts = ax.get_position().width * ax.figure.get_figwidth() * 72
+    return (0.6 * fontsize * len(text) + 4) / axis_pts * span
+
+# %% ../nbs/05_plot.ipynb #6ba86770
 def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool, label=frozenset(),
           racing=frozenset()) -> None:
     racy = {r.consumer for r in tl.unordered_reads} if races else set()
     flagged = set(racing) if races else set()
+    outside: dict = {}   # per row, where the last name written above a bar ends (ms)
     for name, (s, start, end) in tl.spans.items():
         color = _STREAM_COLORS[s % len(_STREAM_COLORS)]   # by stream index: same colour in every panel
         bad = name in racy or name in flagged
@@ -67,8 +74,13 @@ def _bars(ax: Axes, tl: Timeline, y: dict, span: float, k: float, races: bool, l
         bar.set_gid(f"kernel:{name}")
         if _fits(ax, end - start, span, name):
             ax.text((start + end) / 2 * k, y[s], name, ha="center", va="center", fontsize=7.5, gid=f"label:{name}")
-        elif name in label:   # too short to hold its name: write it just above the bar
-            ax.text((start + end) / 2 * k, y[s] - 0.32, name, ha="center", va="bottom", fontsize=7.5, gid=f"label:{name}")
+        elif name in label:   # too short to hold its name: just above the bar, or below if it would overlap the last
+            half = _text_width(ax, span, name) / 2   # name written above on this row
+            mid = (start + end) / 2
+            up = mid - half >= outside.get(s, -float("inf"))
+            if up: outside[s] = mid + half
+            ax.text((start + end) / 2 * k, y[s] - 0.32 if up else y[s] + 0.32, name, ha="center",
+                    va="bottom" if up else "top", fontsize=7.5, gid=f"label:{name}")
 
 # %% ../nbs/05_plot.ipynb #f8e8013a
 def _waits(ax: Axes, tl: Timeline, y: dict, k: float) -> None:

@@ -39,6 +39,7 @@ def _short(n: Node) -> str:
 def unknown_streams(gm: GraphModule, registry: StreamRegistry | None = None) -> dict[int, list[Node]]:
     """The stream indices the sanitizer cannot place: named by a stream op, annotated on no node, and not a current-stream
     index of `registry` (default: the active one). Each index -> the stream-op nodes that name it, in graph order."""
+    check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
     named: dict = {}
     annotated = set()
@@ -457,6 +458,7 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     `current_streams` run on the current stream; every other index is a stream of its own. Given neither `registry` nor
     `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
     warning that names them and lists the errors the graph would have if they were not."""
+    check_graph_module(gm)
     _check_args(gm, reorder, registry, current_streams, estimate)
     reg = registry if registry is not None else get_registry()
     unknown = unknown_streams(gm, reg) if registry is None and current_streams is None else {}

@@ -110,7 +110,7 @@ class Timeline:
     spans: dict[str, tuple[int, float, float]] = field(default_factory=dict)   # kernel -> (stream, start, end)
     makespan: float = 0.0
     busy: dict[int, float] = field(default_factory=dict)                       # stream -> ms of kernels
-    memory: list[tuple[float, int]] = field(default_factory=list)              # step curve of allocated bytes
+    memory: list[tuple[float, int]] = field(default_factory=list)              # step curve of held bytes (not torch.cuda.memory_allocated: chapter 05)
     peak_memory: int = 0
     waits: list[Wait] = field(default_factory=list)
     unordered_reads: list[UnorderedRead] = field(default_factory=list)

@@ -165,6 +165,7 @@ def check_stream_ops(gm: GraphModule) -> None:
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
 def indices_in_use(gm: GraphModule) -> set[int]:
     "Every stream and event index `gm` names: stream annotations, and the events and streams of its stream ops."
+    check_graph_module(gm)
     used: set[int] = set()
     for n in gm.graph.nodes:
         if (s := get_stream(n)) is not None: used.add(s)
@@ -174,6 +175,7 @@ def indices_in_use(gm: GraphModule) -> set[int]:
 # %% ../nbs/02_streamops.ipynb #309229b0
 def reserve_indices_in_use(gm: GraphModule) -> None:
     "Tell the active registry every index `gm` uses, so that no new index equals one of them."
+    check_graph_module(gm)
     get_registry().reserve(indices_in_use(gm))
 
 # %% ../nbs/02_streamops.ipynb #a0a00015

@@ -1,5 +1,6 @@
 """Tests for streamnb.assign: gradient-accumulation streams and epilogue-copy streams."""
 import pytest
+import torch
 
 from streamnb.course import acc_exercise
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
@@ -304,3 +305,47 @@ def test_exercise_acc_stream_wrong_answers_are_caught():
     current = ex.check(_acc_answer(ex, None))                # left on the current stream: behind exp
     assert not current.ok
     assert any(p.startswith("makespan 8 µs; the best is 5 µs") for p in current.problems), current
+
+
+def test_epilogue_copy_is_never_moved_above_its_destination():
+    # found by tests/test_properties.py (seed 420): correction 13 moved copy_(add, view) above a join that came before
+    # its destination `add`, and the graph failed lint()
+    b = GraphBuilder()
+    x = b.input("x")
+    src = b.op(aten.neg.default, x, stream=1, name="src")
+    b.sync(torch.ops.streams.record_event.default, 7, 1)
+    b.sync(torch.ops.streams.wait_event.default, 7, 0)         # joins stream 1 into stream 0
+    dst = b.op(aten.add.Tensor, x, x, stream=0, name="dst")    # defined after the join
+    copy = b.op(aten.copy_.default, dst, src, name="copy_")
+    gm = b.output(copy)
+    assign_epilogue_copy_streams(gm)
+    gm.graph.lint()
+    names = [n.name for n in gm.graph.nodes]
+    assert names.index("dst") < names.index("copy_")
+
+
+def test_correction_13_never_moves_a_copy_above_a_write_of_its_source():
+    # found by tests/test_properties.py's bit-equality check: the copy moved above an in-place write of its source (through
+    # an alias) and wrote back the old value
+    b = GraphBuilder()
+    x, t = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
+    src = b.op(aten.neg.default, t, stream=1, name="src")
+    b.sync(torch.ops.streams.record_event.default, 7, 1)
+    b.sync(torch.ops.streams.wait_event.default, 7, 0)
+    v = b.op(aten.view.default, src, [16], stream=0, name="v")
+    b.op(aten.add_.Tensor, v, 1.0, stream=0, name="add_")      # writes src through its view, after the join
+    copy = b.op(aten.copy_.default, x, src, name="copy_")
+    gm = b.output(copy)
+    assign_epilogue_copy_streams(gm)
+    names = [n.name for n in gm.graph.nodes]
+    assert names.index("add_") < names.index("copy_")
+    free = GraphBuilder()   # without the write, the copy moves above the join (correction 13 proper)
+    x, t = free.input("primals_1", tag="is_forward"), free.input("tangents_1")
+    src = free.op(aten.neg.default, t, stream=1, name="src")
+    free.sync(torch.ops.streams.record_event.default, 7, 1)
+    wait = free.sync(torch.ops.streams.wait_event.default, 7, 0)
+    free.op(aten.mul.Tensor, t, 2.0, stream=0, name="other")
+    gm = free.output(free.op(aten.copy_.default, x, src, name="copy_"))
+    assign_epilogue_copy_streams(gm)
+    names = [n.name for n in gm.graph.nodes]
+    assert names.index("copy_") < names.index(wait.name)
