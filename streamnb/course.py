@@ -22,7 +22,7 @@ from .metadata import populate_fw_metadata_with_stream_indices
 from .pipeline import run_stream_passes
 
 # %% auto #0
-__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise_solution', 'dealloc_exercise', 'two_consumers', 'two_consumers_solution', 'control_deps_exercise', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
+__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
 
 # %% ../nbs/10_backward_streams.ipynb #7d347ab5
 def acc_exercise_graph() -> GraphModule:
@@ -86,6 +86,14 @@ def dealloc_exercise_graph() -> GraphModule:
     with use_registry(StreamRegistry(start=3)): sync_deallocations(gm, upstream=True)
     return gm
 
+def dealloc_exercise():
+    "Chapter 12's exercise: move the seed's `sync_dealloc_default` so that stream 0 never stalls, as early as possible."
+    return Exercise(title="place the dealloc",
+                    task="move sync_dealloc_default so that memory is reused as early as possible without a stall",
+                    start=dealloc_exercise_graph, solution=lambda gm: dealloc_exercise_solution(gm))
+
+# %% ../nbs/12_dealloc.ipynb #d3a1c5e7
+#| code-fold: true
 def dealloc_exercise_solution(gm: GraphModule) -> GraphModule:
     "Wait after the first stream-0 kernel that ends once `mm` has ended, in a run where stream 0 never waits."
     move(gm, "sync_dealloc_default", before="output")        # at the very end it cannot hold stream 0 back
@@ -93,12 +101,6 @@ def dealloc_exercise_solution(gm: GraphModule) -> GraphModule:
     after = next(k for k, (s, _, end) in tl.spans.items() if s == 0 and end >= tl.spans["mm"][2])
     move(gm, "sync_dealloc_default", after=after)
     return gm
-
-def dealloc_exercise():
-    "Chapter 12's exercise: move the seed's `sync_dealloc_default` so that stream 0 never stalls, as early as possible."
-    return Exercise(title="place the dealloc",
-                    task="move sync_dealloc_default so that memory is reused as early as possible without a stall",
-                    start=dealloc_exercise_graph, solution=dealloc_exercise_solution)
 
 # %% ../nbs/13_control_deps.ipynb #fb5d418c
 def two_consumers() -> GraphModule:
@@ -113,6 +115,13 @@ def two_consumers() -> GraphModule:
     c2 = b.op(aten.neg.default, p, stream=2, name="c2")
     return b.output(c0, c2, p)
 
+# %% ../nbs/13_control_deps.ipynb #daddaf4e
+def control_deps_exercise():
+    "Chapter 13's exercise: wrap the syncs of `two_consumers` so that no order of the data edges races."
+    return Exercise(title="Pin both consumers",
+                    task="Wrap the record and both waits with `wrap_by_hand` so that no order of the data edges races.",
+                    start=two_consumers, solution=lambda gm: two_consumers_solution(gm), reorder=True)
+
 # %% ../nbs/13_control_deps.ipynb #6efcc197
 #| code-fold: true
 def two_consumers_solution(gm: GraphModule) -> GraphModule:
@@ -121,13 +130,6 @@ def two_consumers_solution(gm: GraphModule) -> GraphModule:
     return wrap_by_hand(gm, {"record_event_default": ["p"],
                              "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem
                              "wait_event_default_1": ["record_event_default", "p"]})  # p: wait_event_default's getitem
-
-# %% ../nbs/13_control_deps.ipynb #daddaf4e
-def control_deps_exercise():
-    "Chapter 13's exercise: wrap the syncs of `two_consumers` so that no order of the data edges races."
-    return Exercise(title="Pin both consumers",
-                    task="Wrap the record and both waits with `wrap_by_hand` so that no order of the data edges races.",
-                    start=two_consumers, solution=two_consumers_solution, reorder=True)
 
 # %% ../nbs/14_metadata.ipynb #e02c84ee
 def mutating_forward(b=None):
