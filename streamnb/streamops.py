@@ -153,14 +153,10 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
 
 # %% ../nbs/02_streamops.ipynb #14901036
 def check_stream_ops(gm: GraphModule) -> None:
-    """Decode every node of `gm`, raising on the first malformed stream op (see `decode`), and refuse a `call_module`
-    node with a stream annotation: streamnb cannot see the ops inside a module."""
+    """Decode every node of `gm`, raising on the first malformed stream op (see `decode`). (The graph-wide checks, a
+    `call_module` node with a stream among them, are `graph.validate`'s; the passes, `sanitize` and `simulate` run both.)"""
     check_graph_module(gm)
-    for n in gm.graph.nodes:
-        decode(n, gm)
-        if n.op == "call_module" and get_stream(n) is not None:
-            raise StreamOpError(f"node {n.name}: a call_module node on stream {get_stream(n)}: streamnb cannot see the "
-                                "ops inside a module; inline it first (trace without leaf modules)")
+    for n in gm.graph.nodes: decode(n, gm)
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
 def indices_in_use(gm: GraphModule) -> set[int]:

@@ -417,15 +417,16 @@ def test_corrupt_control_deps_is_an_error_naming_the_node(how):
 
 
 def test_call_module_with_a_stream_is_refused():
+    from streamnb.graph import validate
     class M(torch.nn.Module):
         def forward(self, x): return x * 2
     root = torch.nn.Module(); root.m = M()
     g = torch.fx.Graph(); x = g.placeholder("x"); c = g.call_module("m", (x,)); g.output(c)
     gm = torch.fx.GraphModule(root, g)
-    check_stream_ops(gm)                         # no stream: fine
+    validate(gm)                                 # no stream: fine
     c.meta["custom"] = {"stream": 1}
     with pytest.raises(StreamnbError, match=f"^node {c.name}: a call_module node on stream 1"):
-        check_stream_ops(gm)
+        validate(gm)                             # graph.validate, which every pass, sanitize and simulate run
     with pytest.raises(TypeError, match="gm: expected a torch.fx.GraphModule"):
         check_stream_ops(gm.graph)
 
