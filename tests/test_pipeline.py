@@ -230,3 +230,19 @@ def test_order_exercise_solution_and_wrong_answers():
     assert not wrapped_first.ok and {p.split(":")[0] for p in wrapped_first.problems} == {"unsafe reuse"}
     unwrapped = ex.check(pipeline(assign_backward_streams, insert_backward_syncs, sync_deallocations))
     assert not unwrapped.ok and all(p.startswith("reorder hazard") for p in unwrapped.problems)
+
+
+def test_a_failed_pipeline_is_undone_also_with_the_fast_path_off(monkeypatch):
+    # without FX's private fields (fastfx off), the transaction cannot revive erased nodes: it puts back a copy it made
+    import streamnb.fastfx as fastfx
+    from streamnb.examples import running_example
+    from streamnb.graph import StreamRegistry, canonical, use_registry
+    monkeypatch.setattr(fastfx, "FAST", False)
+    gm = running_example()
+    before = canonical(gm)
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        with pytest.raises(Exception, match="mechanism"):
+            run_stream_passes(gm, mechanism="nope")
+        assert canonical(gm) == before and "streamnb_passes" not in gm.meta
+        run_stream_passes(gm)                      # the retry runs every pass
+    assert len(gm.meta["streamnb_passes"]) == 5
