@@ -13,13 +13,13 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import (StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, is_control_deps,
+from .graph import (INT64_MAX, StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, is_control_deps,
                             streams)
 
 # %% auto #0
-__all__ = ['OPS', 'INDEX_MAX', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use',
-           'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks', 'schema_args',
-           'alias_source', 'is_view', 'Storage', 'storages', 'owner', 'aliases']
+__all__ = ['OPS', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use', 'reserve_indices_in_use',
+           'current_stream_key', 'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage',
+           'storages', 'owner', 'aliases']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -104,8 +104,6 @@ def _overload(t):
     return getattr(t, "default", t) if isinstance(t, torch._ops.OpOverloadPacket) else t
 
 # %% ../nbs/02_streamops.ipynb #8f60f654
-INDEX_MAX = 2**63 - 1   # stream and event indices are int64s
-
 def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     "The op's arguments in schema order (positional and keyword forms alike), checked where `spec` reads them."
     schema = target._schema.arguments
@@ -119,7 +117,7 @@ def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     for i in (*(() if spec.event is None else (spec.event,)), *spec.streams):
         v = bound[i]
         if v is missing: raise StreamOpError(f"node {node.name}: {spec.kind} is missing its argument '{schema[i].name}'")
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INDEX_MAX:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT64_MAX:   # indices are int64s
             raise StreamOpError(f"node {node.name}: {spec.kind}'s {schema[i].name} {v!r} is not an int in [0, 2**63-1]")
     if spec.tensor is not None:
         t = bound[spec.tensor]
