@@ -1,8 +1,9 @@
 """Time streamnb's stream passes against PyTorch 2.13's own pipeline, at about 100k final nodes.
 
-One command gives everything issue 9 (item 5) asks for:
+One command gives everything issue 9 (item 5) and issue 23 (items 1-2) ask for:
 
     python benchmarks/bench_passes.py                      # shapes backward stress dag, sizes 10000 40000 100000
+    python benchmarks/bench_passes.py --paths aot          # the AOTAutograd path only (a quick run)
     python benchmarks/bench_passes.py --sizes 100000       # one size only (no flatness line)
     python benchmarks/bench_passes.py --profile            # cProfile + GC/codegen shares (largest size, first shape)
 
@@ -17,52 +18,63 @@ Shapes (every compute node shares one meta `val`, so building a graph costs seco
 * dag:      tests/graphgen.py's `random_dag_graph`: a random DAG like the issue's hidden graph (40% of the ops on two
             side streams, 25% unannotated, no runs; about 16.7k ops for 100k final nodes).
 
-Rows, each on a fresh copy of the same graph:
+Three tables (--paths aot like pipeline; default all three), each with the rows torch 2.13, streamnb upstream and
+streamnb default, each row on a fresh copy of the same graph:
 
-* torch 2.13:        the installed `torch._functorch._aot_autograd.streams` (unchanged), the five passes in
-                     graph_capture.py's order, on the CPU with tests/oracle.py's stubs ("gpu" mode);
-* streamnb upstream: `run_stream_passes(gm, upstream=True)` with the stubs' device numbers and registry start;
-* streamnb default:  `run_stream_passes(gm)` (the corrected passes, their defaults).
+* aot (AOTAutograd path, the path users take): the five passes each called alone, in graph_capture.py's order, the
+  collector ENABLED on both sides as a user's process has it. streamnb: the functions in
+  `streamnb.pipeline.STREAM_PASSES` (each a `stream_pass`, which pauses the collector inside its own call), no
+  pipeline around them; torch: the installed `torch._functorch._aot_autograd.streams` (unchanged), on the CPU with
+  tests/oracle.py's stubs ("gpu" mode), as `run_torch` does.
+* like (like for like): the same two calls with `gc.disable()` around both sides.
+* pipeline: `run_stream_passes(gm[, upstream=True])` (collector paused for the whole pipeline) against torch's five
+  passes with the collector on. torch's passes are always called alone, so the torch row of `aot` and `pipeline`
+  is one measurement, printed in both tables.
 
-Module kinds, printed as two tables:
+streamnb upstream runs with `upstream=True`, the stubs' device numbers and registry start; streamnb default with the
+corrected passes' defaults. Each distinct measurement runs in turn on the same graph (torch, upstream alone, default
+alone, upstream pipeline, ..., torch gc off, ...).
+
+Module kinds (--kinds, default lazy):
 
 * lazy:  the input is a `torch.fx._lazy_graph_module._LazyGraphModule`, as AOTAutograd hands it in; the time ends
-         when the pipeline returns (the main graph's codegen stays deferred, on both sides);
-* plain: the input is a plain `GraphModule`; after the pipeline `_LazyGraphModule.force_recompile(gm)` and `gm.code`
+         when the last pass returns (the main graph's codegen stays deferred, on both sides);
+* plain: the input is a plain `GraphModule`; after the passes `_LazyGraphModule.force_recompile(gm)` and `gm.code`
          are timed as `codegen` (a no-op when the wrap pass already recompiled), so deferred codegen is paid on
          both sides. The control_deps subgraph modules are lazy on both sides (torch makes them lazy) and stay so.
 
-Per-pass columns time each pass where the pipeline calls it (streamnb: the names in `streamnb.pipeline` are wrapped
-with a timer, so the real `run_stream_passes` runs, with whatever it does around the passes); `total` is the whole
-call (+ codegen). `us/node` is total per final node (the row's `out`). `vs torch` is torch's total over the row's
-total (above 1: faster than PyTorch). `gc` is `ok` when `gc.isenabled()` and `gc.get_threshold()` are the same
-after the run as before. The benchmark itself runs with the garbage collector on (as a user's process does) and
+Per-pass columns time each pass call (pipeline rows: the passes are wrapped with a timer in
+`streamnb.pipeline.STREAM_PASSES`, so the real `run_stream_passes` runs, with whatever it does around the passes);
+`total` is the whole call (+ codegen). `us/node` is total per final node (the row's `out`). `vs torch` is torch's
+total (same table) over the row's total (above 1: faster than PyTorch). `gc` is `ok` when `gc.isenabled()` and
+`gc.get_threshold()` are the same after the run as before (inside the `gc.disable()` for `like`). The benchmark
 collects before each run.
 
 Checks and extra measurements:
 
-* identity: on every graph built, streamnb `upstream=True`'s output (lazy kind) is compared in canonical form
-  (tests/oracle.py `canonical`, names and subgraphs included) with PyTorch's seed variant (`oracle.load_impl("seed")`,
-  run untimed on another copy); the torch 2.13 row's output is compared with the seed's too (they differ only on
-  wait_stream, which these shapes do not have).
+* identity: on every graph built, streamnb `upstream=True`'s outputs (alone and pipeline, first kind) are compared
+  in canonical form (tests/oracle.py `canonical`, names and subgraphs included) with PyTorch's seed variant
+  (`oracle.load_impl("seed")`, run untimed on another copy after the timed runs); the torch 2.13 row's output is
+  compared with the seed's too (they differ only on wait_stream, which these shapes do not have). The outputs are
+  kept as pickled canonical forms, so no kept graph gives a later row's collector more to scan.
 * flatness: with several --sizes, us/node at the largest size over us/node at the smallest, per row and kind.
-* peak memory: a separate, untimed run per row at the largest size (lazy kind) under `tracemalloc` (Python's
-  allocations: peak above the start of the run, in MiB). tracemalloc slows the run, hence its own run.
+* peak memory: a separate, untimed run per collector-on measurement at the largest size (lazy kind) under
+  `tracemalloc` (Python's allocations: peak above the start of the run, in MiB). tracemalloc slows the run, hence its own run.
   --no-memory skips it.
 * --profile: at the largest size of the first shape, for streamnb default and upstream (plain kind, so codegen is
   in): cProfile's top 25 by tottime and by cumtime, then plain timings: as is; with `gc.disable()` around the call;
-  with streamnb's own GC pause removed (if `streamnb.pipeline.paused_gc` exists) to show what the collector would
+  with streamnb's own GC pauses removed (the pipeline's and each stream_pass's `fastfx.paused_gc`) to show what the collector would
   cost; and the time spent in `GraphModule.recompile` (the main graph's codegen). Also torch with and without GC.
 
-Nothing is asserted on time. Run alone on the machine (2 shared cores); --repeat N runs the rows in turn N times
-(torch, upstream, default, torch, ...) and keeps each row's best, so that a slow spell slows every row alike.
+Nothing is asserted on time. Run alone on the machine (2 shared cores); --repeat N runs the measurements in turn N
+times (torch, upstream, default, ..., torch, ...) and keeps each one's best, so that a slow spell slows every row alike.
 To measure a commit rather than the working tree, export it and point STREAMNB_SRC at the export (the first line
 printed says which streamnb ran):
 
     git archive <rev> streamnb | tar -x -C /tmp/rev && STREAMNB_SRC=/tmp/rev python benchmarks/bench_passes.py
 
     python benchmarks/bench_passes.py [--shapes backward stress dag] [--sizes 10000 40000 100000] [--repeat 1]
-                                      [--kinds lazy plain] [--layer 20] [--no-memory] [--no-check]
+                                      [--paths aot like pipeline] [--kinds lazy [plain]] [--layer 20] [--no-memory] [--no-check]
                                       [--profile [--profile-out DIR]]
 """
 from __future__ import annotations
@@ -73,6 +85,7 @@ import cProfile
 import gc
 import logging
 import os
+import pickle
 import pstats
 import subprocess
 import sys
@@ -192,6 +205,9 @@ def timers(namespace, times: dict):
     with contextlib.ExitStack() as st:
         for name, short in PASS_SHORT.items():
             if hasattr(namespace, name): st.enter_context(mock.patch.object(namespace, name, timed(getattr(namespace, name), short)))
+        table = getattr(namespace, "STREAM_PASSES", None)   # run_pass looks the passes up in this dict
+        if table is not None:
+            st.enter_context(mock.patch.dict(table, {n: timed(f, PASS_SHORT[n]) for n, f in table.items() if n in PASS_SHORT}))
         yield
 
 
@@ -216,7 +232,50 @@ def run_streamnb(upstream: bool):
     return run
 
 
+def streamnb_kw(upstream: bool) -> dict:
+    "The dealloc pass's machine options: the oracle's stub numbers for upstream=True, the defaults otherwise."
+    return dict(mechanism="sync_dealloc", device=oracle.device_spec()) if upstream else {}
+
+
+def run_alone(upstream: bool):
+    """streamnb's five passes each called alone, as graph_capture.py calls them (the functions in
+    `streamnb.pipeline.STREAM_PASSES`, in `PIPELINE_ORDER`), under the oracle's registry start; no pipeline around
+    them, so the collector is as the caller left it (whatever each pass does with it inside its own call)."""
+    def run(gm: GraphModule, times: dict) -> None:
+        import streamnb.pipeline as P
+        from streamnb.graph import PIPELINE_ORDER, StreamRegistry, use_registry
+        with use_registry(StreamRegistry(start=oracle.START)):
+            for name in PIPELINE_ORDER:
+                fn = P.STREAM_PASSES[name]
+                kw = streamnb_kw(upstream) if name == "sync_deallocations" else {}
+                t0 = time.perf_counter()
+                fn(gm, upstream=upstream, **kw)
+                times[PASS_SHORT[name]] = time.perf_counter() - t0
+    return run
+
+
 PIPELINES = {"torch 2.13": run_torch, "streamnb upstream": run_streamnb(True), "streamnb default": run_streamnb(False)}
+ALONE = {"torch 2.13": run_torch, "streamnb upstream": run_alone(True), "streamnb default": run_alone(False)}
+
+# path -> (title, how streamnb is called, collector off around both sides)
+PATHS = {"aot": ("AOTAutograd path: each pass called alone, collector ON on both sides (as a user's process has it)",
+                 ALONE, False),
+         "like": ("like for like: each pass called alone, gc.disable() around both sides", ALONE, True),
+         "pipeline": ("pipeline: run_stream_passes (pauses the collector) vs torch's five passes, collector ON",
+                      PIPELINES, False)}
+
+
+def measurement(path: str, row: str) -> tuple[str, str, bool]:
+    """The measurement behind `row` of `path`'s table: (row, 'alone' or 'pipeline', collector off). torch's passes are
+    always called alone, so its collector-on run serves both the AOTAutograd and the pipeline tables."""
+    _, fns, off = PATHS[path]
+    how = "pipeline" if fns is PIPELINES and row != "torch 2.13" else "alone"
+    return row, how, off
+
+
+def runner(key: tuple[str, str, bool]):
+    row, how, _ = key
+    return (PIPELINES if how == "pipeline" else ALONE)[row]
 
 
 @contextlib.contextmanager
@@ -236,65 +295,74 @@ def gc_state():
     return gc.isenabled(), gc.get_threshold()
 
 
-def timed_run(row: str, gm: GraphModule, kind: str, gc_stats: dict | None = None) -> tuple[dict, bool]:
-    """Run `row`'s pipeline on `gm` (and, for 'plain', the deferred codegen); (times, global GC state unchanged).
+def timed_run(row, gm: GraphModule, kind: str, gc_stats: dict | None = None) -> tuple[dict, bool]:
+    """Run `row`'s passes on `gm` (and, for 'plain', the deferred codegen); (times, global GC state unchanged).
+    `row`: a ROWS name (the pipeline rows) or a `measurement` key (its collector off: `gc.disable()` around the run).
     With `gc_stats`, the collections inside the timed part are counted into it (see `gc_watch`)."""
+    fn, off = (PIPELINES[row], False) if isinstance(row, str) else (runner(row), row[2])
     times: dict = {}
     gc.collect()
-    before = gc_state()
-    with gc_watch(gc_stats) if gc_stats is not None else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        PIPELINES[row](gm, times)
-        t1 = time.perf_counter()
-        if kind == "plain":
-            _LazyGraphModule.force_recompile(gm)   # a no-op unless the module is lazy and not yet compiled
-            gm.code
-        t2 = time.perf_counter()
+    if off: gc.disable()
+    try:
+        before = gc_state()
+        with gc_watch(gc_stats) if gc_stats is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            fn(gm, times)
+            t1 = time.perf_counter()
+            if kind == "plain":
+                _LazyGraphModule.force_recompile(gm)   # a no-op unless the module is lazy and not yet compiled
+                gm.code
+            t2 = time.perf_counter()
+        after = gc_state()
+    finally:
+        if off: gc.enable()
     times.update(codegen=t2 - t1, total=t2 - t0)
-    return times, gc_state() == before
+    return times, after == before
 
 
-def best_runs(base: GraphModule, kind: str, repeat: int, keep: set) -> dict:
-    """Each row run `repeat` times on fresh copies, the rows in turn (torch, upstream, default, torch, ...), so that a
-    slow spell of the shared machine slows every row rather than one: row -> (best times, gc ok, final node count,
-    the last output if the row is in `keep`)."""
-    res = {row: (None, True, 0, None) for row in ROWS}
+def best_runs(base: GraphModule, kind: str, repeat: int, keys: list, keep: set) -> dict:
+    """Each measurement (see `measurement`) run `repeat` times on fresh copies, in turn (torch, upstream, default,
+    ..., torch, ...), so that a slow spell of the shared machine slows every row rather than one: key -> (best times,
+    gc ok, final node count, the output's canonical form pickled if the key is in `keep`). The canonical form is
+    kept as one bytes object, so no kept graph gives the collector of a later row more to scan."""
+    res = {k: (None, True, 0, None) for k in keys}
     for i in range(repeat):
-        last = i == repeat - 1   # outputs are kept from the last round only: no kept graph slows torch's collector
-        for row in ROWS:
-            best, ok, _, _ = res[row]
+        last = i == repeat - 1
+        for k in keys:
+            best, ok, _, out = res[k]
             gm = copy_as(base, kind)
-            t, same = timed_run(row, gm, kind)
-            best = t if best is None else {k: min(v, best.get(k, v)) for k, v in t.items()}
-            res[row] = (best, ok and same, len(gm.graph.nodes), gm if last and row in keep else None)
+            t, same = timed_run(k, gm, kind)
+            best = t if best is None else {c: min(v, best.get(c, v)) for c, v in t.items()}
+            if last and k in keep: out = pickle.dumps(oracle.canonical(gm))
+            res[k] = (best, ok and same, len(gm.graph.nodes), out)
             del gm
     return res
 
 
-def peak_memory(row: str, base: GraphModule) -> float:
-    "Peak Python memory (MiB) of one untimed run of `row` on a lazy copy, above the start of the run."
+def peak_memory(row, base: GraphModule) -> float:
+    "Peak Python memory (MiB) of one untimed run of `row` (a ROWS name or a `measurement` key) on a lazy copy."
+    fn = PIPELINES[row] if isinstance(row, str) else runner(row)
     gm = copy_as(base, "lazy")
     gc.collect()
     tracemalloc.start()
     start = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
-    PIPELINES[row](gm, {})
+    fn(gm, {})
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return (peak - start) / 2**20
 
 
 def identity(base: GraphModule, outs: dict) -> str:
-    "Compare the lazy-kind outputs of streamnb upstream and torch 2.13 with the seed's, in canonical form."
+    "Compare the kept outputs (label -> pickled canonical form) with the seed's output, in canonical form."
     seed = copy_as(base, "lazy")
     run_torch(seed, {}, impl="seed")
     ref = oracle.canonical(seed)
     del seed
     words = []
-    for row, label in (("streamnb upstream", "upstream == seed"), ("torch 2.13", "torch 2.13 == seed")):
-        if outs.get(row) is None: continue
-        diff = oracle.mismatch(ref, outs[row], ("seed", row))
-        words.append(f"{label}: " + ("IDENTICAL" if diff is None else "DIFFERENT\n" + "\n".join(diff.splitlines()[:30])))
+    for label, out in outs.items():
+        diff = oracle.mismatch(ref, pickle.loads(out), ("seed", label))
+        words.append(f"{label} == seed: " + ("IDENTICAL" if diff is None else "DIFFERENT\n" + "\n".join(diff.splitlines()[:30])))
     return "; ".join(words)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -359,8 +427,10 @@ def profile(shape: str, size: int, layer: int, out_dir: str | None = None) -> No
         del gm
         if row != "torch 2.13":
             import streamnb.pipeline as P
-            if hasattr(P, "paused_gc"):
-                with mock.patch.object(P, "paused_gc", contextlib.nullcontext):
+            if hasattr(P, "paused_gc"):   # the pipeline's pause and each stream_pass's (streamnb.fastfx.paused_gc)
+                import streamnb.fastfx as F
+                with mock.patch.object(P, "paused_gc", contextlib.nullcontext), \
+                        mock.patch.object(F, "paused_gc", contextlib.nullcontext):
                     res["streamnb's GC pause removed"] = timed_run(row, copy_as(base, "plain"), "plain")[0]["total"]
         spent = [0.0]
         real = GraphModule.recompile
@@ -382,7 +452,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 40000, 100000],
                     help="final node counts (after PyTorch's pipeline), about")
-    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                    help="aot: each pass alone, collector on; like: the same with gc.disable() around both sides; "
+                         "pipeline: run_stream_passes vs torch, collector on")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=["lazy"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--layer", type=int, default=LAYER, help="nodes per layer of the backward shape (>= 15)")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
@@ -398,7 +471,9 @@ def main(argv=None) -> int:
         return 0
 
     results, checks, memory = [], [], []
-    print("\n" + HEAD, flush=True)
+    keys = list(dict.fromkeys(measurement(path, row) for path in a.paths for row in ROWS))
+    print("\nmeasurements per graph, run in turn: " + ", ".join(f"{r} {h}{' gc off' if off else ''}" for r, h, off in keys))
+    print("\n" + f"{'path':<9}{'kind':<6}" + HEAD, flush=True)
     for shape in a.shapes:
         for size in a.sizes:
             t0 = time.perf_counter()
@@ -407,43 +482,48 @@ def main(argv=None) -> int:
             print(f"# {shape} {size}: {n_in} input nodes, built in {time.perf_counter() - t0:.1f} s", flush=True)
             outs = {}
             for kind in a.kinds:
-                ref = None
-                check = {row for row in ROWS if kind == a.kinds[0] and not a.no_check and row != "streamnb default"}
-                runs = best_runs(base, kind, a.repeat, check)
-                for row in ROWS:
-                    keep = row in check
-                    times, ok, n_out, out = runs.pop(row)
-                    if keep: outs[row] = oracle.canonical(out)
-                    if row == "torch 2.13": ref = times["total"]
-                    r = dict(shape=shape, size=size, kind=kind, row=row, times=times, gc_ok=ok, **{"in": n_in},
-                             out=n_out, ref=ref if row != "torch 2.13" else None)
-                    del out
-                    results.append(r)
-                    print(f"{kind:<6}" + fmt_row(r), flush=True)
-            if not a.no_check:
+                keep = set() if a.no_check or kind != a.kinds[0] else \
+                    {k for k in keys if k[0] != "streamnb default" and not k[2]}
+                runs = best_runs(base, kind, a.repeat, keys, keep)
+                for k in (k for k in keys if k in keep): outs[f"{k[0]} ({k[1]})"] = runs[k][3]
+                for path in a.paths:
+                    ref = runs[measurement(path, "torch 2.13")][0]["total"]
+                    for row in ROWS:
+                        times, ok, n_out, _ = runs[measurement(path, row)]
+                        r = dict(shape=shape, size=size, kind=kind, path=path, row=row, times=times, gc_ok=ok,
+                                 **{"in": n_in}, out=n_out, ref=ref if row != "torch 2.13" else None)
+                        results.append(r)
+                        print(f"{path:<9}{kind:<6}" + fmt_row(r), flush=True)
+                del runs
+            if outs:
                 checks.append(f"{shape} {size} ({n_in} in): " + identity(base, outs))
                 print("  " + checks[-1], flush=True)
             del outs
             if not a.no_memory and size == max(a.sizes):
-                for row in ROWS:
-                    memory.append(f"{shape:<9}{size:>7} {row:<18} {peak_memory(row, base):>9.0f} MiB")
+                for k in keys:
+                    if k[2]: continue   # the collector off changes no allocation
+                    label = f"{k[0]} ({k[1]})"
+                    memory.append(f"{shape:<9}{size:>7} {label:<30} {peak_memory(k, base):>9.0f} MiB")
                     print("  peak " + memory[-1], flush=True)
             del base
 
-    for kind in a.kinds:
-        title = {"lazy": "lazy module in (as AOTAutograd), codegen deferred on both sides",
-                 "plain": "plain GraphModule in, codegen counted on both sides"}[kind]
-        print(f"\n## {kind}: {title} (seconds; vs torch = torch's total / this total)\n" + HEAD)
-        for r in results:
-            if r["kind"] == kind: print(fmt_row(r))
-        if len(a.sizes) > 1:
-            s0, s1 = min(a.sizes), max(a.sizes)
-            per = {(r["shape"], r["row"], r["size"]): r["times"]["total"] / r["out"] for r in results if r["kind"] == kind}
-            for shape in a.shapes:
-                print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
-                    f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
-    if checks: print("\n## identity (canonical form, upstream=True vs PyTorch's seed)\n" + "\n".join(checks))
-    if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind)\n" + "\n".join(memory))
+    for path in a.paths:
+        for kind in a.kinds:
+            title = PATHS[path][0] + ("; lazy module in (as AOTAutograd), codegen deferred on both sides"
+                                      if kind == "lazy" else "; plain GraphModule in, codegen counted on both sides")
+            print(f"\n## {path}, {kind}: {title}\n(seconds; vs torch = torch's total / this total)\n" + HEAD)
+            for r in results:
+                if r["kind"] == kind and r["path"] == path: print(fmt_row(r))
+            if len(a.sizes) > 1:
+                s0, s1 = min(a.sizes), max(a.sizes)
+                per = {(r["shape"], r["row"], r["size"]): r["times"]["total"] / r["out"]
+                       for r in results if r["kind"] == kind and r["path"] == path}
+                for shape in a.shapes:
+                    print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
+                        f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
+    if checks: print("\n## identity (canonical form, against PyTorch's seed)\n" + "\n".join(checks))
+    if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind, above the run's start)\n"
+                     + "\n".join(memory))
     print("\n" + describe_code())
     return 0
 

@@ -30,8 +30,19 @@ class OpSpec:
     streams: tuple[int, ...] = ()
     tensor: int | None = None
     host: bool = False          # the host blocks on it (synchronize_*)
+    @property
+    def indices(self) -> tuple[int, ...]:
+        "Positions of the event and stream indices."
+        return self.streams if self.event is None else (self.event, *self.streams)
 
-OPS: dict[Any, OpSpec] = {
+class _Rows(dict):
+    "The stream-op table: adding, changing or removing a row empties `decode`'s cache of targets (below)."
+    def __setitem__(self, k, v): super().__setitem__(k, v); _SPECS.clear()
+    def __delitem__(self, k): super().__delitem__(k); _SPECS.clear()
+
+_SPECS: dict[int, tuple] = {}   # id(target) -> (target, its row, _WRAPPER or None): OpOverload's hash is slow
+
+OPS: dict[Any, OpSpec] = _Rows({
     streams.record_event.default: OpSpec("record_event", event=0, streams=(1,)),
     streams.wait_event.default: OpSpec("wait_event", event=0, streams=(1,)),
     streams.sync_dealloc.default: OpSpec("sync_dealloc", event=0, streams=(1,), tensor=2),
@@ -42,7 +53,7 @@ OPS: dict[Any, OpSpec] = {
     streams.synchronize_device.default: OpSpec("synchronize_device", host=True),
     streams.fork.default: OpSpec("fork", streams=(0, 1)),      # (from, to): the host's current stream becomes `to`
     streams.join.default: OpSpec("join", streams=(0, 1)),
-}
+})
 
 # %% ../nbs/02_streamops.ipynb #a0a0000c
 @dataclass(frozen=True)
@@ -107,6 +118,11 @@ def _overload(t):
 def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     "The op's arguments in schema order (positional and keyword forms alike), checked where `spec` reads them."
     schema = target._schema.arguments
+    if not kwargs and len(args) == len(schema):   # the common form, checked without binding (the same checks as below)
+        if all(type(args[i]) is int and 0 <= args[i] <= INT64_MAX for i in spec.indices) and (
+                spec.tensor is None or (type(t := args[spec.tensor]) is Node and type(t.meta.get("val")) is not tuple
+                                        and isinstance(t.meta.get("val"), torch.Tensor))):
+            return args
     unknown = set(kwargs) - {a.name for a in schema}
     if len(args) > len(schema) or unknown:
         raise StreamOpError(f"node {node.name}: {spec.kind} takes {len(schema)} arguments "
@@ -130,20 +146,37 @@ def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     return tuple(b for b in bound if b is not missing)
 
 # %% ../nbs/02_streamops.ipynb #f291b29e
+_WRAPPER = object()
+
+def _spec_of(target):
+    "The `OPS` row of a call target, `_WRAPPER` if it may call a stream op (a packet, a higher-order op), else None."
+    hit = _SPECS.get(id(target))
+    if hit is not None and hit[0] is target: return hit[1]
+    if isinstance(target, torch._ops.OpOverload):
+        spec = OPS.get(target)
+        if spec is None and target.namespace == "streams":
+            spec = _WRAPPER   # an unknown stream op: decode raises, naming the node
+    elif isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)): spec = _WRAPPER
+    else: spec = None
+    if len(_SPECS) < 100_000: _SPECS[id(target)] = (target, spec)   # targets live as long as torch's op registry
+    return spec
+
 def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     """The stream op `node` performs (the wrapped op for a `control_deps` node), or None if it performs none; a
     `StreamOpError` naming the node for a malformed one."""
     if node.op != "call_function": return None
-    call, args, kwargs, target = node, node.args, node.kwargs, _overload(node.target)
-    if not isinstance(target, torch._ops.OpOverload):   # a control_deps node, a getitem, a Python function
-        if not is_control_deps(node): return None
-        call, args, kwargs = _inner(node, gm)
-        target = _overload(call.target)
-    spec = OPS.get(target)
-    if spec is None:
-        if getattr(target, "namespace", None) == "streams":
-            raise StreamnbError(f"node {node.name}: unknown stream op {target} (add a row to streamops.OPS)")
-        return None
+    call, args, kwargs, target = node, node.args, node.kwargs, node.target
+    spec = _spec_of(target)
+    if spec is None: return None
+    if spec is _WRAPPER:   # a packet, a control_deps node or an unknown stream op: look closer
+        if isinstance(target, torch._ops.OpOverloadPacket): target = target.default
+        elif is_control_deps(node): call, args, kwargs = _inner(node, gm); target = _overload(call.target)
+        elif not isinstance(target, torch._ops.OpOverload): return None   # another higher-order op
+        spec = OPS.get(target)
+        if spec is None:
+            if getattr(target, "namespace", None) == "streams":
+                raise StreamnbError(f"node {node.name}: unknown stream op {target} (add a row to streamops.OPS)")
+            return None
     args = _bind(node, target, tuple(args), dict(kwargs), spec)
     at = lambda i: None if i is None or i >= len(args) else args[i]
     return StreamOp(spec.kind, at(spec.event), tuple(at(i) for i in spec.streams), at(spec.tensor), node,
