@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch.fx import GraphModule, Node
 
-from .streamops import StreamOp, check_stream_ops, decode, reserve_indices_in_use, schema_args, storages
+from .streamops import StreamOp, blocks, check_stream_ops, decode, reserve_indices_in_use, storages, written_args
 from .graph import (aten, correction, stream_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
                             set_stream)
 
@@ -58,25 +58,15 @@ def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
     return None
 
 # %% ../nbs/10_backward_streams.ipynb #704a8166
-def _blocks_of(mem: dict, n: Node) -> set:
-    "The storages `n`'s value lives in (`streamops.storages`), flattened."
-    out, todo = set(), [mem.get(n)]
-    while todo:
-        m = todo.pop()
-        if isinstance(m, tuple): todo.extend(m)
-        elif m is not None: out.add(m)
-    return out
-
 def _touched_between(gm: GraphModule, join: Node, copy: Node) -> bool:
     """Would moving `copy` above `join` change a result? Yes if a node in between reads or writes the copy's destination,
     or writes its source, through any alias (a view, a split, an in-place op's result)."""
     mem = storages(gm)
-    dst, src = _blocks_of(mem, copy.args[0]), _blocks_of(mem, copy.args[1])
+    dst, src = set(blocks(mem.get(copy.args[0]))), set(blocks(mem.get(copy.args[1])))
     n = join
     while n is not copy:
-        written = {m for a, nodes in schema_args(n) if a is not None and a.alias_info is not None and a.alias_info.is_write
-                   for x in nodes for m in _blocks_of(mem, x)} if n.op == "call_function" else set()
-        read = {m for x in n.all_input_nodes for m in _blocks_of(mem, x)}
+        written = {m for x in written_args(n) for m in blocks(mem.get(x))}
+        read = {m for x in n.all_input_nodes for m in blocks(mem.get(x))}
         if read & dst or written & (dst | src): return True
         n = n.next
     return False

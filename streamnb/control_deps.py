@@ -18,7 +18,7 @@ from . import fastfx
 from .graph import check_graph_module
 from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, correction, stream_pass, get_registry, get_stream,
                             is_bwd_node, is_control_deps, streams)
-from .streamops import OPS, StreamOp, check_stream_ops, decode, is_view, schema_args, storages
+from .streamops import OPS, StreamOp, blocks, check_stream_ops, decode, is_view, storages, written_args
 
 # %% auto #0
 __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
@@ -155,20 +155,6 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
                 extra.append(v); ordered.add(v)
     return extra
 
-# %% ../nbs/13_control_deps.ipynb #20644d69
-def _written_blocks(mem: dict, n: Node) -> list:
-    "The storages that `n` writes in place (the arguments its schema marks `Tensor(a!)`)."
-    out = []
-    for a, nodes in schema_args(n):
-        if a is not None and a.alias_info is not None and a.alias_info.is_write:
-            out += [b for t in nodes for b in _blocks(mem.get(t))]
-    return out
-
-def _blocks(m) -> list:
-    "The storages in an entry of `storages(gm)` (a `Storage`, None, or a nested tuple of them)."
-    if isinstance(m, tuple): return [b for x in m for b in _blocks(x)]
-    return [] if m is None else [m]
-
 # %% ../nbs/13_control_deps.ipynb #a1f629a2
 def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
     """Each `wait_event` node -> the nodes after it on its stream that write memory in place, or read memory written in
@@ -183,8 +169,8 @@ def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
             if op.kind == "record_event": after[op.event] = last
             elif op.kind == "wait_event": waits.setdefault(op.stream, []).append((n, after.get(op.event, (set(), set()))))
             continue
-        reads = {b for i in n.all_input_nodes for b in _blocks(mem.get(i))}
-        writes = set(_written_blocks(mem, n))
+        reads = {b for i in n.all_input_nodes for b in blocks(mem.get(i))}
+        writes = {b for t in written_args(n) for b in blocks(mem.get(t))}
         last = (writes, reads | writes)
         if n.target is operator.getitem or is_view(n) or not (writes or reads & written): continue
         for s, ws in waits.items():

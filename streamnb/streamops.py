@@ -19,7 +19,7 @@ from .graph import (INT64_MAX, StreamnbError, StreamRegistry, check_graph_module
 # %% auto #0
 __all__ = ['OPS', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use', 'reserve_indices_in_use',
            'current_stream_key', 'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage',
-           'storages', 'owner', 'aliases']
+           'storages', 'blocks', 'written_args', 'owner', 'aliases']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -378,9 +378,15 @@ def storages(gm: GraphModule | torch.fx.Graph) -> dict:
     return mem
 
 # %% ../nbs/02_streamops.ipynb #f1f62642
-def _flat(m) -> list:
-    "The storages in a (nested) tuple of them."
-    return [y for x in m for y in (_flat(x) if isinstance(x, tuple) else [x]) if y is not None]
+def blocks(m) -> list:
+    "The storages in an entry of `storages(gm)`: a `Storage`, None, or a (nested) tuple of them."
+    if isinstance(m, tuple): return [b for x in m for b in blocks(x)]
+    return [] if m is None else [m]
+
+def written_args(n: Node) -> list[Node]:
+    "The Node arguments that `n` writes in place: those its schema marks `Tensor(a!)` (e.g. `copy_`'s `self`)."
+    return [x for a, nodes in schema_args(n) if a is not None and a.alias_info is not None and a.alias_info.is_write
+            for x in nodes]
 
 # %% ../nbs/02_streamops.ipynb #ec9ecea0
 def owner(mem: dict, n: Node) -> Node | None:
@@ -388,7 +394,7 @@ def owner(mem: dict, n: Node) -> Node | None:
     memory, or a `control_deps` node (its result is the wrapped op's, its passthroughs are their operands')."""
     m = mem.get(n)
     if isinstance(m, Storage): return m.node
-    if isinstance(m, tuple) and not is_control_deps(n) and len(nodes := {x.node for x in _flat(m)}) == 1: return nodes.pop()
+    if isinstance(m, tuple) and not is_control_deps(n) and len(nodes := {x.node for x in blocks(m)}) == 1: return nodes.pop()
     return None
 
 # %% ../nbs/02_streamops.ipynb #1567117f
@@ -398,5 +404,5 @@ def aliases(mem: dict) -> dict:
     the `control_deps` nodes that pass it through."""
     out: dict = {}
     for n, m in mem.items():
-        for st in (_flat(m) if isinstance(m, tuple) else [m]): out.setdefault(st, []).append(n)
+        for st in blocks(m): out.setdefault(st, []).append(n)
     return {st: list(dict.fromkeys(ns)) for st, ns in out.items()}

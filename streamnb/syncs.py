@@ -13,7 +13,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import check_stream_ops, decode, is_view, reserve_indices_in_use, storages
+from .streamops import blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages, written_args
 from .graph import (StreamnbError, correction, stream_pass, validate, flat_args, get_device, get_stream,
                             get_stream_or_current_stream, is_bwd_node, new_event, streams)
 
@@ -95,18 +95,6 @@ def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event
     "Make `consumer` wait for `producer`: one record per producer, one wait per consumer stream (seed: first consumer only)."
     _insert_sync(SeedSyncs() if upstream else CorrectedSyncs(), graph, consumer, producer, node_to_wait_event_ind)
 
-# %% ../nbs/11_syncs.ipynb #e158b314
-def _written_args(node: Node) -> list[Node]:
-    "The Node arguments that `node` writes in place: those its schema marks `Tensor(a!)` (e.g. `copy_`'s `self`)."
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None: return []
-    out: list[Node] = []
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write: continue
-        v = node.args[i] if i < len(node.args) and not a.kwarg_only else node.kwargs.get(a.name)
-        map_arg(v, out.append)
-    return out
-
 # %% ../nbs/11_syncs.ipynb #c5a5c1ff
 def _host_value(node: Node) -> bool:
     "Does `node` make a host value (a `SymInt`, an int, a float, a bool, None): a `meta['val']` that holds no tensor?"
@@ -117,10 +105,7 @@ def _touches_memory(node: Node) -> bool:
     return (node.target is not operator.getitem and decode(node) is None and not is_view(node)
             and not _host_value(node))
 
-def _blocks(m) -> list:
-    "The storages in `storages(gm)[n]` (a `Storage`, None, or a nested tuple of them)."
-    if isinstance(m, tuple): return [b for x in m for b in _blocks(x)]
-    return [] if m is None else [m]
+
 
 # %% ../nbs/11_syncs.ipynb #d4adfe8d
 def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
@@ -128,22 +113,22 @@ def _war_syncs(gm: GraphModule) -> dict[Node, list[tuple[Node, Node]]]:
     `(earlier node, tensor)` pairs. A write waits for the last access on each other stream, a read for the last write."""
     mem = storages(gm)
     bwd = [n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) and _touches_memory(n)]
-    written = {n: ts for n in bwd if (ts := _written_args(n))}
-    last = {b: {} for ts in written.values() for t in ts for b in _blocks(mem.get(t))}   # block -> {stream: last access}
+    written = {n: ts for n in bwd if (ts := written_args(n))}
+    last = {b: {} for ts in written.values() for t in ts for b in blocks(mem.get(t))}   # block -> {stream: last access}
     wrote = {b: {} for b in last}                                                       # block -> {stream: last write}
     out: dict[Node, list[tuple[Node, Node]]] = {}
     for n in bwd:
         s, pairs = get_stream(n), []
         for t in written.get(n, ()):   # a write after accesses (reads, writes) on other streams
-            pairs += [(u, t) for b in _blocks(mem.get(t)) for us, u in last[b].items() if us != s]
+            pairs += [(u, t) for b in blocks(mem.get(t)) for us, u in last[b].items() if us != s]
         for t in n.all_input_nodes:    # a read after writes on other streams
-            pairs += [(u, t) for b in _blocks(mem.get(t)) if b in wrote for us, u in wrote[b].items() if us != s]
+            pairs += [(u, t) for b in blocks(mem.get(t)) if b in wrote for us, u in wrote[b].items() if us != s]
         if pairs: out[n] = list(dict.fromkeys(pairs))
         for t in n.all_input_nodes:
-            for b in _blocks(mem.get(t)):
+            for b in blocks(mem.get(t)):
                 if b in last: last[b][s] = n
         for t in written.get(n, ()):
-            for b in _blocks(mem.get(t)): wrote[b][s] = n
+            for b in blocks(mem.get(t)): wrote[b][s] = n
     return out
 
 # %% ../nbs/11_syncs.ipynb #4884264e
