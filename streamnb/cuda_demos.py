@@ -10,13 +10,13 @@ from typing import Callable
 import torch
 from torch.fx import GraphModule
 
-from .graph import StreamRegistry, use_registry
+from .graph import StreamRegistry, StreamnbError, use_registry
 from .examples import matmul_chains, missing_wait_graph, side_stream_last_use
 from .pipeline import run_stream_passes
 from .cuda import measure, run
 
 # %% auto #0
-__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo']
+__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo', 'replay_makespan']
 
 # %% ../nbs/19a_cuda_demos.ipynb #7bcc71ad
 def processed(make: Callable[[], GraphModule], *, upstream: bool = False, mechanism: str = "sync_dealloc",
@@ -100,3 +100,22 @@ def memory_demo(n: int = 4096, length: int = 8, device="cuda", device_spec: str 
         rows.append(dict(mechanism=mechanism, upstream=upstream, peak_allocated=peak_alloc, peak_reserved=peak_res,
                          makespan_ms=tl.makespan, max_error=err, timeline=tl))
     return rows
+
+# %% ../nbs/19a_cuda_demos.ipynb #bf81929d
+def replay_makespan(gm: GraphModule, *args, registry: StreamRegistry | None = None, device="cuda",
+                    single_stream: bool = False, iters: int = 20) -> float:
+    """The makespan of processed graph `gm` on CUDA streams without the host in it, in ms: one run captured into a
+    CUDA graph, replayed `iters` times between two events on the current stream; the median."""
+    if not (_is_cuda(device) and torch.cuda.is_available()):
+        raise StreamnbError(f"replay_makespan needs a CUDA device; got {device!r} (CUDA available: "
+                            f"{torch.cuda.is_available()})")
+    kw = dict(registry=registry, device=device, single_stream=single_stream)
+    run(gm, *args, **kw); _sync(device)                      # warm-up: streams, cuBLAS handles and workspaces
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"): run(gm, *args, **kw)
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); graph.replay(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]

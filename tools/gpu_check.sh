@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (about 5 minutes after the install):
+# The GPU check, for a machine with an NVIDIA GPU (about 6 minutes):
 #   OUT=/path/to/results bash tools/gpu_check.sh
-# 1. uses $VENV (default .venv) if its torch sees CUDA; otherwise installs the project into
-#    $TMPDIR/streamnb-venv-gpu (a CPU build of torch 2.13.0 in .venv would satisfy the constraint, so it is not
-#    reused). On Linux x86_64, torch==2.13.0 from PyPI (constraints.txt) is the CUDA build. The install needs PyPI
-#    and is not counted in the 5 minutes.
-# 2. runs the `#| cuda` cells of every notebook that has them (nbdev_test --flags cuda), tests/test_cuda.py and the
-#    CUDA tests of tests/test_compile.py (use_streamnb_passes with torch's own runtime);
-# 3. executes those notebooks in place with their outputs saved (jupyter nbconvert --execute --inplace), cleans
-#    them (nbdev_clean keeps outputs), and copies them, their figures (the cells write to $OUT/figures) and the
-#    logs to $OUT, to be brought back and committed.
+# 1. picks a Python whose torch sees CUDA: $VENV (default .venv), else the machine's python3 (an offline machine
+#    with PyTorch installed: the project is put on PYTHONPATH, and the pure-Python wheels of the notebook toolchain
+#    are installed from .whl/ if that folder is there), else installs the project into $TMPDIR/streamnb-venv-gpu
+#    (needs PyPI; on Linux x86_64, torch==2.13.0 from PyPI is the CUDA build);
+# 2. executes 19a_cuda_demos in place with its outputs saved (tools/run_nb.py; the cells write figures to
+#    $OUT/figures), runs tests/test_cuda.py and the CUDA tests of tests/test_compile.py (use_streamnb_passes with
+#    torch's own runtime), benchmarks/gpu_measurements.py (launch costs, roofline fractions, published models, user
+#    programs under torch.compile), and nbdev_test --flags cuda;
+# 3. cleans the executed notebook (nbdev_clean keeps outputs) and packs it, the figures, the measurements and the log
+#    into $OUT/gpu_results.tar.gz, to be brought back and committed ($OUT also gets the log and the measurements).
 # Every step runs even if an earlier one failed; the exit status is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that receives the results}"
-mkdir -p "$OUT/nbs" "$OUT/figures"
-OUT="$(cd "$OUT" && pwd)"; export OUT
-exec > >(tee "$OUT/gpu_check.log") 2>&1
+DEST="$(mkdir -p "$OUT" && cd "$OUT" && pwd)"
+export OUT="${TMPDIR:-/tmp}/streamnb-gpu-results"   # where the cells and steps write; packed into $DEST at the end
+rm -rf "$OUT"; mkdir -p "$OUT/nbs" "$OUT/figures"
+exec > >(tee "$DEST/gpu_check.log") 2>&1
 export MPLBACKEND=Agg PYTHONUNBUFFERED=1
 VENV="${VENV:-.venv}"
-sees_cuda() { "$1/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+sees_cuda() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
 failed=()
 step() {   # step NAME SECONDS CMD...: run with a time limit, log the result, go on
   local name=$1 limit=$2; shift 2
@@ -30,39 +32,38 @@ step() {   # step NAME SECONDS CMD...: run with a time limit, log the result, go
 }
 
 nvidia-smi || echo "nvidia-smi not found"
-if ! sees_cuda "$VENV"; then
+if sees_cuda "$VENV/bin/python"; then export PATH="$(cd "$VENV" && pwd)/bin:$PATH"
+elif sees_cuda python3; then
+  SITE="${TMPDIR:-/tmp}/streamnb-site"
+  if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1; fi
+  export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$(dirname "$(command -v python3)"):$PATH"
+  mkdir -p "$SITE/bin"; ln -sf "$(command -v python3)" "$SITE/bin/python"
+else
   VENV="${TMPDIR:-/tmp}/streamnb-venv-gpu"   # outside the work tree: nothing new for git to see
-  if ! sees_cuda "$VENV"; then
+  if ! sees_cuda "$VENV/bin/python"; then
     python3 -m venv "$VENV" || exit 1
     "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt || { echo "install failed"; exit 1; }
   fi
+  export PATH="$(cd "$VENV" && pwd)/bin:$PATH"
 fi
-VENV="$(cd "$VENV" && pwd)"
-export PATH="$VENV/bin:$PATH"
-python - <<'EOF' | tee "$OUT/env.txt"
+python - <<'PY' | tee "$OUT/env.txt"
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 if torch.cuda.is_available(): print("device", torch.cuda.get_device_name(), torch.cuda.get_device_capability())
-EOF
+PY
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "torch sees no CUDA device"; exit 1; }
+python -c "import streamnb, nbdev, execnb; print('streamnb', streamnb.__file__)" || failed+=("imports")
 
-mapfile -t NBS < <(grep -l '"#| cuda' nbs/*.ipynb)
-echo "notebooks with cuda cells: ${NBS[*]:-none}"
-
-for nb in "${NBS[@]}"; do step "nbdev_test $nb" 150 nbdev_test --flags cuda --do_print --path "$nb"; done
-step "pytest tests/test_cuda.py" 150 pytest -q -rs -p no:cacheprovider tests/test_cuda.py
-# use_streamnb_passes under torch.compile with torch's own runtime (aot_eager) on CUDA streams: the test_cuda_* tests
-# of tests/test_compile.py (skipped without CUDA; -rs lists any skip)
-step "pytest tests/test_compile.py -k cuda" 150 pytest -q -rs -p no:cacheprovider tests/test_compile.py -k cuda
-for nb in "${NBS[@]}"; do
-  # --allow-errors: the notebook is saved with every output even if a cell fails; the grep then flags the failure
-  step "execute $nb" 180 jupyter nbconvert --to notebook --execute --inplace --allow-errors \
-       --ExecutePreprocessor.timeout=170 "$nb"
-  step "no error outputs in $nb" 10 bash -c "! grep -q '\"output_type\": \"error\"' '$nb'"
-  step "clean $nb" 60 nbdev_clean --fname "$nb"
-  cp "$nb" "$OUT/nbs/"
-done
+NB=nbs/19a_cuda_demos.ipynb
+step "execute $NB" 200 python tools/run_nb.py "$NB"
+step "clean $NB" 60 nbdev_clean --fname "$NB"
+cp "$NB" "$OUT/nbs/"
+step "pytest CUDA tests" 150 pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_compile.py -k "cuda"
+step "gpu_measurements" 200 python benchmarks/gpu_measurements.py --out "$OUT/gpu_measurements.json"
+step "nbdev_test $NB" 150 nbdev_test --flags cuda --do_print --path "$NB"
 
 ls -l "$OUT" "$OUT/nbs" "$OUT/figures"
-if [ ${#failed[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failed[@]}"; exit 1; fi
-echo "gpu_check: all steps passed"
+if [ ${#failed[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failed[@]}"; else echo "gpu_check: all steps passed"; fi
+cp "$OUT"/gpu_measurements.json "$DEST"/ 2>/dev/null
+tar -czf "$DEST/gpu_results.tar.gz" -C "$OUT" .
+[ ${#failed[@]} -eq 0 ]
