@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (about 6 minutes):
+# The GPU check, for a machine with an NVIDIA GPU (about 6 minutes; every step has a limit, 10 minutes in all):
 #   OUT=/path/to/results bash tools/gpu_check.sh
 # 1. picks a Python whose torch sees CUDA: $VENV (default .venv), else the machine's python3 (an offline machine
 #    with PyTorch installed: the project is put on PYTHONPATH, and the pure-Python wheels of the notebook toolchain
@@ -21,7 +21,9 @@ rm -rf "$OUT"; mkdir -p "$OUT/nbs" "$OUT/figures"
 exec > >(tee "$DEST/gpu_check.log") 2>&1
 export MPLBACKEND=Agg PYTHONUNBUFFERED=1
 VENV="${VENV:-.venv}"
-sees_cuda() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+# GPU_CHECK_DRY=1 runs every step on a machine without CUDA (the cells then print that they need a GPU): to check this
+# script's own flow before spending device time on it.
+sees_cuda() { [ -x "$1" ] && timeout 120 "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() or '${GPU_CHECK_DRY:-}' else 1)" 2>/dev/null; }
 failed=()
 step() {   # step NAME SECONDS CMD...: run with a time limit, log the result, go on
   local name=$1 limit=$2; shift 2
@@ -32,35 +34,39 @@ step() {   # step NAME SECONDS CMD...: run with a time limit, log the result, go
 }
 
 nvidia-smi || echo "nvidia-smi not found"
-if sees_cuda "$VENV/bin/python"; then export PATH="$(cd "$VENV" && pwd)/bin:$PATH"
-elif sees_cuda python3; then
-  SITE="${TMPDIR:-/tmp}/streamnb-site"
-  if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1; fi
-  export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$(dirname "$(command -v python3)"):$PATH"
-  mkdir -p "$SITE/bin"; ln -sf "$(command -v python3)" "$SITE/bin/python"
+# PY: the absolute path of an interpreter whose torch sees CUDA. No link or wrapper to it is made: a link to a venv's
+# python loses the venv, and a file written over a link left by an earlier run on the same machine would overwrite
+# the interpreter itself.
+SYS_PY="$(command -v python3 || true)"
+if sees_cuda "$VENV/bin/python"; then PY="$(cd "$VENV/bin" && pwd)/python"; BIN="$(dirname "$PY")"
+elif [ -n "$SYS_PY" ] && sees_cuda "$SYS_PY"; then
+  PY="$SYS_PY"
+  SITE="${TMPDIR:-/tmp}/streamnb-site"; rm -rf "$SITE"
+  if [ -d .whl ]; then timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1; fi
+  export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"; BIN="$SITE/bin"
 else
   VENV="${TMPDIR:-/tmp}/streamnb-venv-gpu"   # outside the work tree: nothing new for git to see
   if ! sees_cuda "$VENV/bin/python"; then
     python3 -m venv "$VENV" || exit 1
     "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt || { echo "install failed"; exit 1; }
   fi
-  export PATH="$(cd "$VENV" && pwd)/bin:$PATH"
+  PY="$VENV/bin/python"; BIN="$VENV/bin"
 fi
-python - <<'PY' | tee "$OUT/env.txt"
+echo "python: $PY; console scripts: $BIN"
+timeout 120 "$PY" - <<'PY' | tee "$OUT/env.txt"
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 if torch.cuda.is_available(): print("device", torch.cuda.get_device_name(), torch.cuda.get_device_capability())
 PY
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "torch sees no CUDA device"; exit 1; }
-python -c "import streamnb, nbdev, execnb; print('streamnb', streamnb.__file__)" || failed+=("imports")
+timeout 120 "$PY" -c "import streamnb, nbdev, execnb; print('streamnb', streamnb.__file__)" || failed+=("imports")
 
 NB=nbs/19a_cuda_demos.ipynb
-step "execute $NB" 200 python tools/run_nb.py "$NB"
-step "clean $NB" 60 nbdev_clean --fname "$NB"
+step "execute $NB" 150 "$PY" tools/run_nb.py "$NB"
+step "clean $NB" 30 "$BIN/nbdev_clean" --fname "$NB"
 cp "$NB" "$OUT/nbs/"
-step "pytest CUDA tests" 150 pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_compile.py -k "cuda"
-step "gpu_measurements" 200 python benchmarks/gpu_measurements.py --out "$OUT/gpu_measurements.json"
-step "nbdev_test $NB" 150 nbdev_test --flags cuda --do_print --path "$NB"
+step "pytest CUDA tests" 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_compile.py -k "cuda"
+step "gpu_measurements" 150 "$PY" benchmarks/gpu_measurements.py --out "$OUT/gpu_measurements.json"
+step "nbdev_test $NB" 120 "$BIN/nbdev_test" --flags cuda --do_print --path "$NB"
 
 ls -l "$OUT" "$OUT/nbs" "$OUT/figures"
 if [ ${#failed[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failed[@]}"; else echo "gpu_check: all steps passed"; fi
