@@ -373,3 +373,13 @@ def test_every_cuda_cell_says_gpu_and_follows_its_estimate():
         if not is_cuda[i]: continue
         assert "output from a GPU run only" in s and "NO_GPU" in s
         assert not is_cuda[i - 1] and "simulate(" in src[i - 1], f"cuda cell {i}: no estimate cell before it"
+
+
+def test_gpu_measurements_refuses_without_cuda():
+    "benchmarks/gpu_measurements.py imports and, without CUDA, says that it needs a device (with CUDA it measures)."
+    import subprocess, sys
+    from pathlib import Path
+    if torch.cuda.is_available(): pytest.skip("CUDA is available: tools/gpu_check.sh runs the script for real")
+    p = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "benchmarks" / "gpu_measurements.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "needs a CUDA device" in p.stderr, p.stderr
