@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch.fx import GraphModule
 
-from .graph import StreamRegistry, StreamnbError, use_registry
+from .graph import StreamRegistry, StreamnbError, check_graph_module, use_registry
 from .examples import matmul_chains, missing_wait_graph, side_stream_last_use
 from .pipeline import run_stream_passes
 from .cuda import measure, run
@@ -106,6 +106,7 @@ def replay_makespan(gm: GraphModule, *args, registry: StreamRegistry | None = No
                     single_stream: bool = False, iters: int = 20) -> float:
     """The makespan of processed graph `gm` on CUDA streams without the host in it, in ms: one run captured into a
     CUDA graph, replayed `iters` times between two events on the current stream; the median."""
+    check_graph_module(gm)
     if not (_is_cuda(device) and torch.cuda.is_available()):
         raise StreamnbError(f"replay_makespan needs a CUDA device; got {device!r} (CUDA available: "
                             f"{torch.cuda.is_available()})")
