@@ -22,22 +22,12 @@ import argparse, json, statistics, time, traceback
 
 import torch
 
+from streamnb.cuda_demos import graph_replay_ms   # median time of one CUDA-graph replay of fn(), ms
+
 RESULTS: dict = {}
 
 
 def median(xs): return statistics.median(xs)
-
-
-def graph_time_ms(fn, iters: int = 10, stream_count: int = 1) -> float:
-    "Median time of one replay of a CUDA graph holding `fn()`, in ms (the host is not in it)."
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"): fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize(); times.append(a.elapsed_time(b))
-    return median(times)
 
 
 def section(name):
@@ -64,7 +54,7 @@ def launch_costs(n: int = 2000):
         for _ in range(n): x.add_(1)
         host.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
-    one = graph_time_ms(lambda: [x.add_(1) for _ in range(n)]) / n * 1e3
+    one = graph_replay_ms(lambda: [x.add_(1) for _ in range(n)]) / n * 1e3
     y, s1, s2 = torch.zeros(1, device="cuda"), torch.cuda.Stream(), torch.cuda.Stream()
     def two():
         cur = torch.cuda.current_stream()
@@ -74,7 +64,7 @@ def launch_costs(n: int = 2000):
         with torch.cuda.stream(s2):
             for _ in range(n // 2): y.add_(1)
         cur.wait_stream(s1); cur.wait_stream(s2)
-    two_us = graph_time_ms(two) / n * 1e3
+    two_us = graph_replay_ms(two) / n * 1e3
     # host wake-up: a kernel of known GPU length, then event.synchronize(); host time past the kernel's end
     wake, sync_rt = [], []
     for _ in range(30):
@@ -104,7 +94,7 @@ def roofline(quick: bool):
         for n in sizes:
             a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
             reps = max(1, min(50, int(2e11 // (2 * n ** 3))))
-            ms = graph_time_ms(lambda: [a @ b for _ in range(reps)]) / reps
+            ms = graph_replay_ms(lambda: [a @ b for _ in range(reps)]) / reps
             flops, nbytes = 2 * n ** 3, 3 * n * n * a.element_size()
             roof = max(flops / (tflops * 1e12), nbytes / (spec.hbm_gbps * 1e9)) * 1e3
             rows.append(dict(op=f"matmul {mode}", size=n, measured_us=ms * 1e3, roofline_us=roof * 1e3,
@@ -113,7 +103,7 @@ def roofline(quick: bool):
     for p in ((12, 16, 20, 24) if quick else (10, 12, 14, 16, 18, 20, 22, 24, 26, 28)):
         a, b = torch.randn(2 ** p, device="cuda"), torch.randn(2 ** p, device="cuda")
         reps = max(1, min(100, 2 ** (28 - p)))
-        ms = graph_time_ms(lambda: [a + b for _ in range(reps)]) / reps
+        ms = graph_replay_ms(lambda: [a + b for _ in range(reps)]) / reps
         roof = 3 * 4 * 2 ** p / (spec.hbm_gbps * 1e9) * 1e3
         rows.append(dict(op="add fp32", size=2 ** p, measured_us=ms * 1e3, roofline_us=roof * 1e3, fraction=roof / ms))
     print(f"device spec {spec.name}: fp32 {spec.fp32_tflops} TF/s, tf32 {spec.tf32_tflops}, bf16 {spec.bf16_tflops}, "
@@ -149,7 +139,7 @@ def published(quick: bool):
             for _ in range(20):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record(); mc(xc); b.record(); b.synchronize(); eager.append(a.elapsed_time(b))
-            replay = graph_time_ms(lambda: mc(xc), iters=20)
+            replay = graph_replay_ms(lambda: mc(xc), iters=20)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof: mc(xc); torch.cuda.synchronize()
             kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         m = m.cpu()
@@ -224,7 +214,7 @@ def compiled_user_programs():
             try:
                 if mode == "torch's passes": got = run(torch.compile(fn, backend="aot_eager"))
                 else:
-                    with use_streamnb_passes() as sw: got = run(torch.compile(fn, backend="aot_eager"))
+                    with use_streamnb_passes(): got = run(torch.compile(fn, backend="aot_eager"))
                 same = all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(got, want))
                 row[mode] = "equal to eager" if same else "DIFFERENT from eager"
             except Exception as e:

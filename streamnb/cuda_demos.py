@@ -16,7 +16,7 @@ from .pipeline import run_stream_passes
 from .cuda import measure, run
 
 # %% auto #0
-__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo', 'replay_makespan']
+__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo', 'graph_replay_ms', 'replay_makespan']
 
 # %% ../nbs/19a_cuda_demos.ipynb #7bcc71ad
 def processed(make: Callable[[], GraphModule], *, upstream: bool = False, mechanism: str = "sync_dealloc",
@@ -102,21 +102,26 @@ def memory_demo(n: int = 4096, length: int = 8, device="cuda", device_spec: str 
     return rows
 
 # %% ../nbs/19a_cuda_demos.ipynb #bf81929d
-def replay_makespan(gm: GraphModule, *args, registry: StreamRegistry | None = None, device="cuda",
-                    single_stream: bool = False, iters: int = 20) -> float:
-    """The makespan of processed graph `gm` on CUDA streams without the host in it, in ms: one run captured into a
-    CUDA graph, replayed `iters` times between two events on the current stream; the median."""
-    check_graph_module(gm)
-    if not (_is_cuda(device) and torch.cuda.is_available()):
-        raise StreamnbError(f"replay_makespan needs a CUDA device; got {device!r} (CUDA available: "
-                            f"{torch.cuda.is_available()})")
-    kw = dict(registry=registry, device=device, single_stream=single_stream)
-    run(gm, *args, **kw); _sync(device)                      # warm-up: streams, cuBLAS handles and workspaces
+def graph_replay_ms(fn: Callable[[], object], iters: int = 20) -> float:
+    """`fn()` once as a warm-up (streams, cuBLAS handles and workspaces), then captured into a CUDA graph and replayed
+    `iters` times between two events on the current stream: the median time of one replay, in ms, with no host in it."""
+    fn(); torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"): run(gm, *args, **kw)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"): fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); graph.replay(); b.record(); b.synchronize()
         times.append(a.elapsed_time(b))
     return sorted(times)[len(times) // 2]
+
+# %% ../nbs/19a_cuda_demos.ipynb #c1a2bf0c
+def replay_makespan(gm: GraphModule, *args, registry: StreamRegistry | None = None, device="cuda",
+                    single_stream: bool = False, iters: int = 20) -> float:
+    """The makespan of processed graph `gm` on CUDA streams without the host in it, in ms: one run of the executor
+    captured into a CUDA graph (its streams, events and waits become the graph's edges), `graph_replay_ms`."""
+    check_graph_module(gm)
+    if not (_is_cuda(device) and torch.cuda.is_available()):
+        raise StreamnbError(f"replay_makespan needs a CUDA device; got {device!r} (CUDA available: "
+                            f"{torch.cuda.is_available()})")
+    return graph_replay_ms(lambda: run(gm, *args, registry=registry, device=device, single_stream=single_stream), iters)
