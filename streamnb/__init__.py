@@ -49,7 +49,7 @@ from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
 from .trace import to_chrome_trace, write_chrome_trace
 from .sanitizer import Report, Finding, sanitize
-from .capturing import Capture, capture
+from .capturing import Capture, capture, cpu_streams
 from .explainer import Explanation, explain
 from .compiling import DynamoRegistry, UnsupportedTorchError, executor_backend, use_streamnb_passes
 from .choosing import assign_streams

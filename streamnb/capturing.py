@@ -5,8 +5,10 @@
 # %% ../nbs/16_capture.ipynb #351dc1bc
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import importlib
 import os
 import tempfile
 from typing import Any, Callable
@@ -26,9 +28,10 @@ from .pipeline import STREAM_PASSES, run_stream_passes
 from .streamops import decode
 
 # %% auto #0
-__all__ = ['PARTITIONERS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError', 'EagerRunError',
-           'on_device', 'graph_streams', 'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition',
-           'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
+__all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
+           'CPUStream', 'CPUEvent', 'cpu_streams', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs',
+           'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture',
+           'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -44,18 +47,67 @@ class PartitionError(CaptureError):
     "AOTAutograd's partitioner rejected the processed joint graph."
 class AnnotationError(CaptureError, StreamAnnotationError):
     "A stream annotation in the captured graph is not an int."
-class EagerRunError(CaptureError):
-    "`frontend=\"dynamo\"` runs the program eagerly once, and that run cannot happen on this machine."
+
+# %% ../nbs/16_capture.ipynb #3a84cd98
+class CPUStream(torch.Stream):
+    "A CPU `torch.Stream` whose syncs do nothing (a CPU runs one stream): what `cpu_streams` hands out for a device's stream."
+    def wait_stream(self, stream) -> None: pass
+    def wait_event(self, event) -> None: pass
+    def record_event(self, event=None): return CPUEvent(device="cpu") if event is None else event
+    def synchronize(self) -> None: pass
+
+class CPUEvent(torch.Event):
+    "A CPU `torch.Event` whose record, wait and synchronize do nothing."
+    def record(self, stream=None) -> None: pass
+    def wait(self, stream=None) -> None: pass
+    def synchronize(self) -> None: pass
+    def query(self) -> bool: return True
+    def elapsed_time(self, end) -> float: return 0.0
+
+@contextlib.contextmanager
+def cpu_streams(eager: bool = False):
+    """Trace (or, with `eager=True`, run) programs written with stream objects on a machine without an accelerator, numbered
+    as on one: the current stream is index 0; streams and events are `CPUStream`/`CPUEvent`. Does nothing where there is an accelerator."""
+    if torch.accelerator.is_available(): yield None; return
+    import torch._dynamo.variables.streams as S
+    acc = importlib.import_module("torch.accelerator")
+    current = CPUStream(device="cpu")
+    init = S.SymbolicStreamState.__init__
+    def state_init(self):                   # dynamo registers the ambient stream (index 0) if there is an accelerator
+        with mock.patch.object(torch.accelerator, "is_available", lambda: True): init(self)
+    def cuda_stream(device=None, priority=0, **kwargs):   # dynamo traces torch's own class, not a subclass
+        return (torch.Stream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
+    def any_event(device=None, **kwargs): return (torch.Event if torch.compiler.is_compiling() else CPUEvent)(**kwargs)
+    def cuda_event(enable_timing=False, blocking=False, interprocess=False):
+        return any_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
+    the_current = lambda device=None: current
+    with contextlib.ExitStack() as stack:
+        enter = lambda p: stack.enter_context(p)
+        enter(mock.patch.object(S.SymbolicStreamState, "__init__", state_init))
+        # torch.accelerator.current_stream itself stays (dynamo knows that function) but answers `current`: dynamo's
+        # guards and the compiled code ask it for the ambient stream
+        enter(mock.patch.object(acc, "_get_device_index", lambda device=None, optional=False: 0))
+        enter(mock.patch.object(torch._C, "_accelerator_getStream", lambda index: current))
+        enter(mock.patch.multiple(torch.cuda, Stream=cuda_stream, Event=cuda_event, stream=stream_context))
+        if eager:   # dynamo must see torch's own classes and functions (it knows them); an eager run needs these to work
+            enter(mock.patch.multiple(torch, Stream=cuda_stream, Event=any_event))
+            enter(mock.patch.multiple(torch.cuda, current_stream=the_current, default_stream=the_current,
+                                      synchronize=lambda device=None: None))
+            enter(mock.patch.object(torch.accelerator, "synchronize", lambda device=None: None))
+            enter(mock.patch.object(torch.Tensor, "record_stream", lambda self, stream: None))
+        yield current
 
 # %% ../nbs/16_capture.ipynb #eaf286a3
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
 
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
-    """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile`, which also reads
-    `with torch.Stream(...)` blocks); the joint graph as it is before any stream pass, and what came with it."""
+    """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
+    which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
     import torch._functorch._aot_autograd.graph_capture as GC
-    from functorch.compile import aot_function
+    from functorch.compile import aot_function, make_boxed_func
+    from torch._functorch.partitioners import default_partition
     from torch._dynamo.backends.common import aot_autograd
     got: dict = {"order": list(range(len(flat_args)))}
     def skip(name):
@@ -66,20 +118,28 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
         return no_pass
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
         got.update(joint=copy.deepcopy(joint), joint_inputs=joint_inputs, num_fwd_outputs=num_fwd_outputs)
-        raise _Captured                                   # nothing is compiled or run
+        if frontend == "aot": raise _Captured             # nothing is compiled or run
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     never = lambda gm, _: gm
+    on_cpu = lambda gm, _: make_boxed_func(lambda *args: run_graph(gm, *args))   # stream ops: no-ops
     def backend(gm, example_inputs):                      # dynamo: which of our tensors each graph input is
-        got["order"] = [next(j for j, t in enumerate(flat_args) if t is x) for x in example_inputs]
-        return aot_autograd(fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
+        order = [next((j for j, t in enumerate(flat_args) if t is x), None) for x in example_inputs]
+        if None in order:
+            x = example_inputs[order.index(None)]
+            raise CaptureError(f"the program reads a tensor that is neither an input nor a parameter or buffer (shape "
+                               f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
+                               "input, or make the program an nn.Module that holds it")
+        got["order"] = order
+        return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
     with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
         try:
             if frontend == "aot":
                 aot_function(flat_fn, fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(*flat_args)
-            else:
+            else:   # the forward runs once, on the CPU executor, so that dynamo replays flat_fn's side effect (the spec)
                 torch._dynamo.reset()
-                torch.compile(flat_fn, backend=backend, fullgraph=True)(*flat_args)
+                with cpu_streams(): torch.compile(flat_fn, backend=backend, fullgraph=True)(*flat_args)
         except Exception as e:
-            if "joint" not in got: raise
+            if "joint" not in got or frontend == "dynamo": raise
             cause = e
             while cause is not None and not isinstance(cause, _Captured): cause = cause.__cause__ or cause.__context__
             if cause is None: raise
@@ -216,6 +276,7 @@ class Capture:
     current_stream: int = 0            # the index unannotated nodes run on, for the passes
     partitioner: str = "default"
     processed: dict | None = None      # None, or how `process` was called
+    frontend: str = "aot"              # the frontend that traced it ("aot" or "dynamo")
 
     @property
     def module(self) -> nn.Module | None: return self.fn if isinstance(self.fn, nn.Module) else None
@@ -241,29 +302,35 @@ def _flat_fn(fn, param_names, buffer_names, spec_box):
         return leaves
     return flat_fn
 
-_NO_EVENTS = ("doesn't support events", "Accelerator expected")   # torch's words for "no events / streams here"
+FRONTENDS = ("auto", "aot", "dynamo")
 
-def _run_eagerly_once(flat_fn: Callable, flat: list, name: str) -> None:
-    "frontend='dynamo': dynamo does not replay the Python side effects of `flat_fn` (the output spec): run it once, or say why it cannot run here."
-    try:
-        with torch.no_grad(): flat_fn(*flat)
+def _names_streams(gm: GraphModule) -> bool:
+    "True if a node of `gm` runs on an annotated stream or is a stream op."
+    return bool(graph_streams(gm)) or any(decode(n) is not None for n in gm.graph.nodes)
+
+def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
+    "`_trace_joint`, its failures as a `TraceError` that says what the frontend needs."
+    try: return _trace_joint(flat_fn, flat, frontend)
     except StreamnbError: raise
     except Exception as e:
-        msg = (str(e).splitlines()[0] if str(e) else "").rstrip(".")
-        why = ("it records or waits on events (or asks for the current stream) of a device whose backend has none "
-               "(torch's CPU backend has no events), so it cannot run on this machine; capture it on a machine with "
-               "that accelerator, or mark its regions with streamnb.examples.on_stream (annotate) and use the default "
-               "frontend, which never runs the program" if any(w in msg for w in _NO_EVENTS) else
-               "fix the program so that it runs eagerly on the example inputs")
-        raise EagerRunError(f"capture(frontend='dynamo') runs {name} eagerly once on the example inputs (dynamo does not "
-                            f"replay its Python side effects), and that run failed: {type(e).__name__}: {msg}. "
-                            f"Cause: {why}") from e
+        cause = e                                          # torch.compile keeps a backend's error as inner_exception
+        while cause is not None and not isinstance(cause, StreamnbError):
+            cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+        if cause is not None: raise cause from None       # ours, raised inside torch.compile's backend
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        need = ("The function must run under torch.func tracing: no data-dependent Python control flow, no "
+                ".item()/.numpy(), no in-place updates of inputs" if frontend == "aot" else
+                "dynamo must trace it as one graph (fullgraph=True): no graph break")
+        raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
+                         f"{type(e).__name__}: {first}. {need}") from e
 
-def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "aot", device: str = "meta") -> Capture:
-    "Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are before any stream pass."
+def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "auto", device: str = "meta") -> Capture:
+    """Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are
+    before any stream pass. `frontend`: "aot" (`aot_function`: `annotate` regions), "dynamo" (`torch.compile` under
+    `cpu_streams`: also stream objects, events, `wait_stream`), "auto": "aot", then "dynamo" if that fails or sees no stream."""
     fn = fn_or_module
     name = getattr(fn, "__name__", type(fn).__name__)
-    if frontend not in ("aot", "dynamo"): raise CaptureError(f"frontend must be 'aot' or 'dynamo', got {frontend!r}")
+    if frontend not in FRONTENDS: raise CaptureError(f"frontend must be one of {FRONTENDS}, got {frontend!r}")
     if not callable(fn): raise CaptureError(f"capture needs a function or an nn.Module, got {type(fn).__name__}")
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
@@ -277,29 +344,32 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                           "backward graph; call .requires_grad_() on an input")
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
-    if frontend == "dynamo": _run_eagerly_once(flat_fn, flat, name)
-    try: got = _trace_joint(flat_fn, flat, frontend)
-    except StreamnbError: raise
-    except Exception as e:
-        raise TraceError(f"AOTAutograd could not trace {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-                         "The function must run under torch.func tracing: no data-dependent Python control flow, no "
-                         ".item()/.numpy(), no in-place updates of inputs") from e
+    used = "aot" if frontend == "auto" else frontend
+    try: got, failed = _trace(flat_fn, flat, used, name), None
+    except TraceError as e:
+        if frontend != "auto": raise
+        got, failed = None, e
+    if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
+        try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
+        except TraceError as e:
+            if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
+            again = None
+        if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
     joint, meta = got["joint"], got["fw_metadata"]
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
         raise CaptureError(f"{name} mutates an input or buffer (e.g. BatchNorm's running stats in training mode): "
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")
     streams = graph_streams(joint)
     on_device(joint, device)
-    # dynamo numbers user streams from 0 and has no index for the current stream: give it a fresh one
-    current = 0 if frontend == "aot" else max(streams, default=-1) + 1
     notes = [] if streams else [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. "
-                                "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use frontend='dynamo' "
-                                "for `with torch.Stream(...)` blocks."]
+                                "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use stream objects "
+                                "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'."]
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
+    # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=spec_box[0],
                    num_fwd_outputs=got["num_fwd_outputs"], joint_inputs=got["joint_inputs"], fw_metadata=meta,
-                   streams=streams, notes=notes, primal_order=got["order"], current_stream=current)
+                   streams=streams, notes=notes, primal_order=got["order"], current_stream=0, frontend=used)
 
 # %% ../nbs/16_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,
@@ -370,13 +440,14 @@ Capture.run = _run
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
     "Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with)."
     inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-    out = fn_or_module(*inputs)
-    outs = pytree.tree_leaves(out)
-    params = dict(fn_or_module.named_parameters()) if isinstance(fn_or_module, nn.Module) else {}
-    wrt = [x for x in inputs if x.requires_grad] + [p for p in params.values() if p.requires_grad]
-    go = grad_outputs if grad_outputs is not None else [torch.ones_like(o) for o in outs]
-    need = [(o, g) for o, g in zip(outs, go) if o.requires_grad]
-    gs = iter(torch.autograd.grad([o for o, _ in need], wrt, [g for _, g in need], allow_unused=True))
+    with cpu_streams(eager=True):           # stream objects run on a CPU as one stream (nothing where there is a GPU)
+        out = fn_or_module(*inputs)
+        outs = pytree.tree_leaves(out)
+        params = dict(fn_or_module.named_parameters()) if isinstance(fn_or_module, nn.Module) else {}
+        wrt = [x for x in inputs if x.requires_grad] + [p for p in params.values() if p.requires_grad]
+        go = grad_outputs if grad_outputs is not None else [torch.ones_like(o) for o in outs]
+        need = [(o, g) for o, g in zip(outs, go) if o.requires_grad]
+        gs = iter(torch.autograd.grad([o for o, _ in need], wrt, [g for _, g in need], allow_unused=True))
     grads = tuple(next(gs) if x.requires_grad else None for x in inputs)
     pg = {n: (next(gs) if p.requires_grad else None) for n, p in params.items()}
     return RunResult(pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out), grads, pg)

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from .cost import DEVICE_SPECS
 from .graph import StreamnbError
 from .trace import write_chrome_trace
-from .capturing import capture
+from .capturing import FRONTENDS, capture, cpu_streams
 from .choosing import format_table, judge
 from .examples import transformer_block_example
 from .explainer import explain
@@ -47,7 +47,8 @@ class FactoryError(StreamnbError):
     "`streamnb explain FILE.py:FACTORY`: the file or the factory could not give a model and its inputs."
 
 def load_factory(target: str) -> tuple:
-    "`'path/to/file.py:factory'` -> `(model, inputs)` as `factory()` returns them; a `FactoryError` in one line otherwise."
+    """`'path/to/file.py:factory'` -> `(model, inputs)` as `factory()` returns them (under `cpu_streams`, so that streams it
+    makes work on a CPU); a `FactoryError` in one line otherwise."""
     import torch
     path, sep, name = target.rpartition(":")
     if not sep or not path or not name.isidentifier():
@@ -57,8 +58,10 @@ def load_factory(target: str) -> tuple:
     spec = importlib.util.spec_from_file_location(f"streamnb_user_{file.stem}", file)
     if spec is None or spec.loader is None: raise FactoryError(f"{path}: not a Python file")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                      # dynamo looks the module up by name (its guards' globals)
     sys.path.insert(0, str(file.resolve().parent))   # its own imports of files next to it
-    try: spec.loader.exec_module(mod)
+    try:
+        with cpu_streams(): spec.loader.exec_module(mod)   # streams made at import: CPU stand-ins where there is no GPU
     except (KeyboardInterrupt, GeneratorExit): raise
     except BaseException as e: raise FactoryError(f"{path}: importing it {_what(e)}") from e
     finally: sys.path.remove(str(file.resolve().parent))
@@ -66,7 +69,8 @@ def load_factory(target: str) -> tuple:
     if not callable(factory):
         have = [k for k, v in vars(mod).items() if callable(v) and getattr(v, "__module__", None) == mod.__name__]
         raise FactoryError(f"{path} has no function {name!r}" + (f" (it defines {', '.join(have)})" if have else ""))
-    try: got = factory()
+    try:
+        with cpu_streams(): got = factory()                # streams a module makes in __init__: likewise
     except (KeyboardInterrupt, GeneratorExit): raise
     except BaseException as e: raise FactoryError(f"{target}: {name}() {_what(e)}") from e
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and callable(got[0])):
@@ -97,9 +101,10 @@ def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
     fig.savefig(out / "timelines.png", dpi=110); plt.close(fig)
     return sorted([out / "table.txt", out / "timelines.png", *traces])
 
-def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100") -> tuple[list, dict]:
+def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100",
+                 frontend: str = "auto") -> tuple[list, dict]:
     "Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21): the rows and the timelines."
-    return judge({name: capture(model, *inputs).backward}, side_streams=side_streams, device=device)
+    return judge({name: capture(model, *inputs, frontend=frontend).backward}, side_streams=side_streams, device=device)
 
 # %% ../nbs/18_cli.ipynb #7ab21f8a
 def parser() -> argparse.ArgumentParser:
@@ -133,6 +138,11 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--device", default="H100", choices=sorted(DEVICE_SPECS),
                        help="device whose datasheet numbers the cost model uses (default: %(default)s)")
         q.add_argument("--quiet", action="store_true", help="print only the summary")
+    for q in (e, a):
+        q.add_argument("--frontend", default="auto", choices=FRONTENDS,
+                       help="how to trace the model: aot (annotate regions), dynamo (also stream objects: torch.cuda.Stream, "
+                       "events, wait_stream, record_stream; on a CPU under streamnb.cpu_streams), auto: aot, then dynamo "
+                       "if aot fails or sees no stream (default: %(default)s)")
     return p
 
 # %% ../nbs/18_cli.ipynb #d956a7bc
@@ -157,11 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "assign":
             say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
             rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
-                                     side_streams=args.side_streams, device=args.device)
+                                     side_streams=args.side_streams, device=args.device, frontend=args.frontend)
             files = write_assignment(rows, tls, out)
             text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
         else:
-            ex = explain(model, *inputs, device=args.device, log=say)
+            ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"))
             say(f"writing results to {out}/")
             files, text = write_explanation(ex, out), ex.summary_text()
     except (StreamnbError, OSError) as e:

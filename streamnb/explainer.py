@@ -127,16 +127,17 @@ class Explanation:
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
-            show: bool = False, log: Callable[[str], None] | None = None) -> Explanation:
-    "Capture `fn_or_module(*example_inputs)`, process it both ways, simulate and sanitize the backward; see the chapter."
+            show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto") -> Explanation:
+    """Capture `fn_or_module(*example_inputs)` (`frontend` as in `capture`: "auto" also reads stream objects), process it
+    both ways, simulate and sanitize the backward; see the chapter."""
     say = log or (lambda msg: None)
     progress = []
     def step(msg):
         progress.append(msg); say(msg)
     with warnings.catch_warnings():   # torch 2.13 warns about its own TreeSpec whenever a graph is deep-copied
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-        step("capturing forward and backward with AOTAutograd")
-        cap = capture(fn_or_module, *example_inputs)
+        step(f"capturing forward and backward with AOTAutograd (frontend {frontend!r})")
+        cap = capture(fn_or_module, *example_inputs, frontend=frontend)
         registry = StreamRegistry(start=100, current_stream=cap.current_stream)
         before = simulate(cap.backward, device=device, registry=registry, name="before")
         modes = {}

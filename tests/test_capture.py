@@ -241,12 +241,13 @@ def test_dynamo_frontend_reads_stream_blocks():
         return a + b
     xs = (torch.randn(4, 4, requires_grad=True), torch.randn(2), torch.randn(4, 4, requires_grad=True))
     cap = capture(f, *xs, frontend="dynamo")
-    assert cap.streams == {0, 1} and cap.current_stream == 2
+    assert cap.streams == {1, 2} and cap.current_stream == 0      # dynamo's numbering with an accelerator (or cpu_streams)
     assert cap.primal_order == [0, 2]                       # dynamo dropped the unused input
     res = cap.process().run(*xs)
     assert res.grads[1] is None
     assert_same(res, eager(f, *xs))
-    assert capture(f, *xs).streams == set()                 # aot_function alone ignores the blocks
+    assert capture(f, *xs, frontend="aot").streams == set()   # aot_function alone ignores the blocks
+    assert capture(f, *xs).frontend == "dynamo"                # so "auto" asks dynamo
 
 
 def test_errors():
@@ -325,9 +326,9 @@ def test_upstream_matches_eager_where_it_partitions(name, partitioner, tmp_path,
     assert_same(pc.run(*xs), eager(model, *xs))
 
 
-def test_dynamo_frontend_eager_run_that_cannot_happen_here():
-    "Issue 12, item 4: the dynamo frontend's one eager run fails on CPU events: a streamnb error naming the cause."
-    from streamnb.capturing import EagerRunError
+def test_event_program_is_traced_by_dynamo_on_a_cpu():
+    """Issue 27 item 6: a program that records CPU events cannot run eagerly here (torch's CPU backend has no events);
+    the default frontend no longer runs it: dynamo traces it under cpu_streams, and eager() runs it with CPU stand-ins."""
     s1 = torch.Stream(device="cpu")
     def with_events(x):
         e = torch.Event(device="cpu")
@@ -335,17 +336,22 @@ def test_dynamo_frontend_eager_run_that_cannot_happen_here():
             a = x.sin(); e.record(s1)
         e.wait()
         return a * 2
-    with pytest.raises(EagerRunError, match=r"runs with_events eagerly once .* RuntimeError: cpu backend doesn't support "
-                                           r"events\. Cause: it records or waits on events") as e:
-        capture(with_events, torch.randn(3, requires_grad=True), frontend="dynamo")
-    assert isinstance(e.value, CaptureError) and isinstance(e.value.__cause__, RuntimeError)
+    x = torch.randn(3, requires_grad=True)
+    cap = capture(with_events, x)
+    assert cap.frontend == "dynamo" and len(cap.streams) == 1 and 0 not in cap.streams and cap.current_stream == 0
+    assert_same(cap.process().run(x), eager(with_events, x))
+    with pytest.raises(TraceError, match="AOTAutograd could not trace with_events: RuntimeError: cpu backend doesn't "
+                                         "support events"):
+        capture(with_events, x, frontend="aot")
     def raises(x): raise ValueError("not today")
-    with pytest.raises(EagerRunError, match="ValueError: not today. Cause: fix the program"):
-        capture(raises, torch.randn(3, requires_grad=True), frontend="dynamo")
-    def annotated(x):   # the same program as annotated regions: the default frontend never runs it
+    with pytest.raises(TraceError, match=r"ValueError: not today\. .*With frontend='dynamo' too: torch.compile \(dynamo\) "
+                                         r"could not trace raises"):
+        capture(raises, x)
+    def annotated(x):   # the same program as annotated regions: aot_function reads it, no dynamo needed
         with torch.fx.traceback.annotate({"stream": 1}): a = x.sin()
         return a * 2
-    assert capture(annotated, torch.randn(3, requires_grad=True)).streams == {1}
+    got = capture(annotated, x)
+    assert got.streams == {1} and got.frontend == "aot"
 
 
 def test_explain_memory_picture_shows_the_block_the_seed_holds():
