@@ -30,17 +30,19 @@ __all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignmen
 def write_explanation(ex, out: Path) -> list[Path]:
     "Write the graphs, plots, trace, reports and summary of an `Explanation` into `out`; return the files."
     out.mkdir(parents=True, exist_ok=True)
-    files = {"backward_before.py": ex.capture.backward.code}
+    files = {"backward_before.py": ex.capture.backward.code, "forward_before.py": ex.capture.forward.code}
     for m, r in ex.modes.items():
-        files[f"backward_{m}.py"] = r.backward.code
-        files[f"sanitizer_{m}.txt"] = (f"program order:\n{r.report}\n\nunder reordering along data edges:\n"
-                                      f"{r.reorder_report}\n")
+        files[f"backward_{m}.py"], files[f"forward_{m}.py"] = r.backward.code, r.forward.code
+        files[f"sanitizer_{m}.txt"] = (f"backward, program order:\n{r.report}\n\nbackward, under reordering along data "
+                                      f"edges:\n{r.reorder_report}\n\nforward, program order:\n{r.forward_report}\n")
     files["summary.txt"] = ex.summary_text() + "\n"
     for name, text in files.items(): (out / name).write_text(text, encoding="utf-8")
-    for name, fig in (("timeline.png", ex.plot_timelines()), ("memory.png", ex.plot_memory())):
+    pictures = (("timeline.png", ex.plot_timelines()), ("forward.png", ex.plot_forward()), ("memory.png", ex.plot_memory()))
+    for name, fig in pictures:
         fig.savefig(out / name, dpi=110); plt.close(fig)
-    write_chrome_trace(out / "trace.json", ex.before, *(r.timeline for r in ex.modes.values()))
-    return sorted(out / n for n in [*files, "timeline.png", "memory.png", "trace.json"])
+    write_chrome_trace(out / "trace.json", ex.before, *(r.timeline for r in ex.modes.values()),
+                       ex.modes["default"].forward_timeline)
+    return sorted(out / n for n in [*files, *(name for name, _ in pictures), "trace.json"])
 
 # %% ../nbs/18_cli.ipynb #7a115ca5
 class FactoryError(StreamnbError):

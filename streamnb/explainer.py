@@ -37,6 +37,9 @@ class ModeResult:
     capture: Capture | None = None   # the processed capture, None if the partitioner rejected it
     error: str | None = None         # why the partitioner rejected it
     matches_eager: bool | None = None
+    forward: GraphModule | None = None       # the processed forward graph
+    forward_timeline: Timeline | None = None
+    forward_report: Report | None = None     # sanitize(forward): the passes insert no forward sync; these are the program's
 
     @property
     def syncs(self) -> int:
@@ -53,16 +56,23 @@ def _matches_eager(cap: Capture, inputs) -> bool:
     except AssertionError: return False
     return True
 
+def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistry) -> GraphModule:
+    "A copy of `gm` with the passes run on it alone."
+    gm = copy.deepcopy(gm)
+    with use_registry(registry): run_stream_passes(gm, upstream=upstream, device=device)
+    return gm
+
 def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool) -> ModeResult:
     mode = "upstream" if upstream else "default"
     try:
         processed, error = cap.process(upstream=upstream, registry=registry, device=device), None
-        backward = processed.backward
-    except PartitionError as e:   # the seed's joint graph: process the backward alone (see above)
+        forward, backward = processed.forward, processed.backward
+    except PartitionError as e:   # the seed's joint graph: process each graph alone (see above)
         processed, error = None, str(e)
-        backward = copy.deepcopy(cap.backward)
-        with use_registry(registry): run_stream_passes(backward, upstream=upstream, device=device)
-    return ModeResult(mode=mode, backward=backward,
+        forward, backward = (_alone(g, upstream, device, registry) for g in (cap.forward, cap.backward))
+    return ModeResult(mode=mode, backward=backward, forward=forward,
+                      forward_timeline=simulate(forward, device=device, registry=registry, name=f"{mode} forward"),
+                      forward_report=sanitize(forward, registry=registry),
                       timeline=simulate(backward, device=device, registry=registry, name=mode),
                       report=sanitize(backward, registry=registry),
                       reorder_report=sanitize(backward, reorder=True, registry=registry),
@@ -79,19 +89,32 @@ class Explanation:
     progress: list[str] = field(default_factory=list)
 
     def summary(self) -> list[dict]:
-        "One row per mode: makespan, peak memory, syncs inserted, sanitizer errors, partition, matches eager."
+        """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
+        sanitizer errors (`fw_errors`); partition; matches eager."""
         rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None,
+                     syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None, fw_errors=None,
                      partitions=True, matches_eager=None)]
         for r in self.modes.values():
             rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
                              syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
-                             partitions=r.error is None, matches_eager=r.matches_eager))
+                             fw_errors=len(r.forward_report.errors), partitions=r.error is None,
+                             matches_eager=r.matches_eager))
         return rows
+
+    def forward_note(self) -> str | None:
+        "What the forward's sanitizer found, said plainly: torch's stream passes sync the backward only."
+        r = self.modes["default"]
+        if not r.forward_report.errors: return None
+        first = r.forward_report.errors[0].message.splitlines()[0]
+        return (f"forward: {len(r.forward_report.errors)} sanitizer error(s) in both modes. PyTorch's stream passes (the "
+                f"seed's and streamnb's) insert syncs in the backward only: the forward's syncs are the program's job "
+                f"(e.g. `torch.cuda.current_stream().wait_stream(side)` before the current stream uses what `side` made). "
+                f"The first: {first}")
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
-        cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "partitions", "matches_eager"]
+        cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "fw_errors", "partitions",
+                "matches_eager"]
         fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
         table = [cols] + [[fmt(row[c]) for c in cols] for row in self.summary()]
         w = [max(len(r[i]) for r in table) for i in range(len(cols))]
@@ -99,6 +122,7 @@ class Explanation:
         lines.insert(1, "  ".join("-" * x for x in w))
         notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
                  f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
+        notes += [n for n in [self.forward_note()] if n]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
@@ -122,6 +146,10 @@ class Explanation:
         return plot_timeline(self.before, de.timeline,
                              titles=["before the passes", f"upstream and default passes: the same schedule{why}"])
 
+    def plot_forward(self):
+        "The forward's estimated timeline after streamnb's passes (the overlap of prefetch and inference is here)."
+        return plot_timeline(self.modes["default"].forward_timeline, titles=["forward, default passes"])
+
     def plot_memory(self):
         "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
@@ -129,7 +157,7 @@ class Explanation:
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
             show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto") -> Explanation:
     """Capture `fn_or_module(*example_inputs)` (`frontend` as in `capture`: "auto" also reads stream objects), process it
-    both ways, simulate and sanitize the backward; see the chapter."""
+    both ways, simulate and sanitize the backward and the forward; see the chapter."""
     say = log or (lambda msg: None)
     progress = []
     def step(msg):
@@ -154,4 +182,5 @@ def show_explanation(ex: Explanation) -> None:
     for r in ex.modes.values():
         print(f"\n--- sanitizer, {r.mode} passes ---\n{r.report}")
         if r.reorder_report.errors: print(f"--- with reorder=True ---\n{r.reorder_report}")
-    ex.plot_timelines(); ex.plot_memory()
+    print(f"\n--- sanitizer, the forward (default passes) ---\n{ex.modes['default'].forward_report}")
+    ex.plot_timelines(); ex.plot_forward(); ex.plot_memory()

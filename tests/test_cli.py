@@ -56,7 +56,7 @@ def test_explain_writes_what_demo_writes(src, tmp_path, capsys):
     assert main(["explain", f"{src}:factory", "--out", str(mine), "--quiet"]) == 0
     assert capsys.readouterr().out == demo_stdout
     names = sorted(p.name for p in demo.iterdir())
-    assert sorted(p.name for p in mine.iterdir()) == names and len(names) == 9
+    assert sorted(p.name for p in mine.iterdir()) == names and len(names) == 13
     for n in names:
         if n.endswith(".png"): assert (mine / n).stat().st_size > 0
         else: assert (mine / n).read_bytes() == (demo / n).read_bytes(), n

@@ -179,3 +179,31 @@ def test_a_closure_tensor_is_named_not_a_stop_iteration():
         return y
     with pytest.raises(streamnb.capturing.CaptureError, match=r"neither an input nor a parameter or buffer \(shape \(3, 3\)"):
         capture(prog, torch.randn(3, 3, requires_grad=True))
+
+
+def test_explain_judges_the_forward():
+    """Issue 27 item 5: a forward race (no join after the side stream's work) was invisible to explain, whose columns
+    were the backward's (fails on 5425faa: no `fw_errors`); the joined program has none."""
+    def no_join(x, w):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = torch.relu(x @ w)
+        return (y * 2).sum()
+    def with_join(x, w):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = torch.relu(x @ w)
+        torch.cuda.current_stream().wait_stream(side)
+        return (y * 2).sum()
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    bad, good = streamnb.explain(no_join, *xs), streamnb.explain(with_join, *xs)
+    for ex, n in ((bad, 1), (good, 0)):
+        assert [r["fw_errors"] for r in ex.summary()] == [None, n, n]
+        assert ex.modes["default"].matches_eager is True
+    race = bad.modes["default"].forward_report.errors[0]
+    assert race.kind == "race" and "relu" in " ".join(race.nodes)
+    assert "the forward's syncs are the program's job" in bad.summary_text()
+    assert "forward:" not in good.summary_text()
+    assert good.modes["default"].forward_timeline.makespan > 0
