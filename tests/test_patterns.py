@@ -1,0 +1,58 @@
+"""Real multi-stream patterns (issue 27 item 8), both styles, through explain: streamnb's default equals eager with no
+race in the backward; the forward is race-free where the program syncs it and names the missing syncs where it does not;
+the seed's problems are named."""
+import warnings
+
+import pytest
+import torch
+
+from streamnb.capturing import cpu_streams
+from streamnb.explainer import explain
+from streamnb.patterns import PATTERNS, STYLES, MoESharedExpert, build, explain_pattern
+
+warnings.filterwarnings("ignore", category=UserWarning)
+CASES = [(n, s) for n in PATTERNS for s in STYLES if (n, s) != ("async_grad_reduce", "objects")]
+NO_BACKWARD_STREAM = ("batch_prefetch", "activation_copy")   # the prefetchers' side streams do forward work only
+
+
+@pytest.mark.parametrize("name,style", CASES)
+def test_pattern_explained(name, style):
+    ex = explain_pattern(name, style)
+    de, up = ex.modes["default"], ex.modes["upstream"]
+    assert ex.capture.frontend == ("aot" if style == "annotate" else "dynamo")
+    assert ex.capture.streams, "the pattern's streams were not seen"
+    assert (de.error, de.matches_eager) == (None, True)
+    assert not de.report.errors and not de.reorder_report.errors, str(de.report)
+    fw = de.forward_report.errors
+    if style == "objects": assert not fw, str(de.forward_report)
+    elif name != "async_grad_reduce":
+        assert fw and all(e.kind in ("race", "unsafe_reuse") for e in fw)
+        assert "the forward's syncs are the program's job" in ex.summary_text()
+    seed_fails = up.error is not None or bool(up.reorder_report.errors)
+    assert seed_fails == (name not in NO_BACKWARD_STREAM)
+
+
+def test_objects_and_annotate_compute_the_same():
+    for name in PATTERNS:
+        a, o = (build(name, s) for s in STYLES)
+        torch.manual_seed(1)
+        xs = tuple(torch.randn_like(x).requires_grad_(x.requires_grad) for x in a[1])
+        with cpu_streams(eager=True):
+            torch.testing.assert_close(a[0](*xs), o[0](*xs))
+
+
+def test_missing_record_stream_is_named():
+    "A shared expert joined with wait_stream but without record_stream: the forward's unsafe reuse is found and named."
+    class NoRecord(MoESharedExpert):
+        def join(self, i, *made_there): super().join(i)
+    torch.manual_seed(0)
+    with cpu_streams(): m = NoRecord("objects")
+    ex = explain(m, torch.randn(6, 16, requires_grad=True))
+    errs = ex.modes["default"].forward_report.errors
+    assert [e.kind for e in errs] == ["unsafe_reuse"]
+    assert "record_stream" in errs[0].message and "allocated on stream 1" in errs[0].message
+
+
+def test_build_refuses_unknown_names():
+    with pytest.raises(KeyError, match="no pattern 'x'"): build("x", "objects")
+    with pytest.raises(ValueError, match="style must be one of"): build("dual_norm", "cuda")
