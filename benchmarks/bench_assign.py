@@ -6,8 +6,9 @@ Prints, for the transformer block, the two-branch MLP, the mixture of small expe
 the four strategies: streams used, cross-stream edges, syncs before/after minimisation, estimated makespan with free
 overlap and with contention (µs), peak memory, the lower bound max(critical path, total work / device), and whether
 the sanitizer finds the result race-free and reorder-safe. Then the scale run: a backward-like graph of about
---nodes nodes (chapter 09's `backward_like`, its syncs removed) assigned by each strategy, with Nimble's steps timed
-at several sizes to show how the matching baseline grows. Every number is an estimate of the cost and contention
+--nodes nodes (chapter 09's `backward_like`, its syncs removed) assigned by each strategy, then by streamnb as a
+forward graph (tags removed) and run through the passes, with Nimble's steps timed at several sizes to show how the
+matching baseline grows. Every number is an estimate of the cost and contention
 models, not a measurement on a GPU.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from streamnb.choosing import STRATEGIES, assign_streams, format_table, judge, t
 from streamnb.strategies import (NIMBLE_MAX, compute_dag, max_matching, min_chain_cover, reachability,
                                  transitive_reduction)
 from streamnb.examples import backward_like
+from streamnb.minsync import run_passes_fewest_syncs
 from streamnb.graph import StreamRegistry, use_registry
 
 
@@ -52,6 +54,13 @@ def scale(nodes: int, side_streams: int, device: str) -> None:
             extra = "; judged: " + ", ".join(f"{name} {ms * 1e3:.0f} µs" for name, ms, _ in info["tried"])
         print(f"  {s:<14} {t:6.2f} s  streams {info['streams']}{extra}")
     print(f"  (streamnb asks Nimble only up to NIMBLE_MAX = {NIMBLE_MAX} nodes)")
+    fw = copy.deepcopy(gm)   # the same graph as a forward / inference graph: no partitioner_tag, every node assigned
+    for node in fw.graph.nodes: node.meta.pop("partitioner_tag", None)
+    with use_registry(StreamRegistry(start=10 * n, current_stream=0)):
+        _, t = timed(lambda: assign_streams(fw, side_streams=side_streams, device=device, keep_user=False))
+        _, t_passes = timed(lambda: run_passes_fewest_syncs(fw, device=device))
+    print(f"  as a forward graph: streamnb {t:.2f} s, streams {fw.meta['streamnb_assignment']['streams']}; "
+          f"the passes with the fewest syncs {t_passes:.2f} s (syncs {fw.meta['streamnb_syncs']})")
 
 
 def nimble_growth(sizes, device: str) -> None:

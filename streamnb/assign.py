@@ -5,14 +5,19 @@
 # %% ../nbs/10_backward_streams.ipynb #201c7dc2
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 from torch.fx import GraphModule, Node
 
 from .streamops import StreamOp, blocks, check_stream_ops, decode, reserve_indices_in_use, storages, written_args
-from .graph import (aten, correction, stream_pass, flat_args, get_stream, get_stream_or_current_stream, is_gradient_acc,
+from .graph import (StreamnbError, aten, check_graph_module, correction, get_registry, stream_pass, flat_args, get_device, get_stream,
+                            get_stream_or_current_stream, is_bwd_node, is_control_deps, is_gradient_acc,
                             set_stream)
 
 # %% auto #0
-__all__ = ['acc_stream', 'assign_backward_streams', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams']
+__all__ = ['acc_stream', 'assign_backward_streams', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams',
+           'UnorderableWriteBackError', 'check_write_backs']
 
 # %% ../nbs/10_backward_streams.ipynb #cff3b996
 def acc_stream(node: Node) -> int | None:
@@ -39,37 +44,75 @@ def _epilogue_val_readers(gm: GraphModule) -> set[Node]:
             if get_stream(c.args[1]) is None and get_stream(c) is not None}
 
 # %% ../nbs/10_backward_streams.ipynb #25f976bc
-def _joins(op: StreamOp, stream: int, recorded_on: dict) -> bool:
-    "Does the sync `op` order later work (on another stream, or the host's) after `stream`'s work so far?"
-    if op.kind == "wait_stream": return op.streams[1] == stream
-    if op.kind in ("wait_event", "synchronize_event"): return recorded_on.get(op.event) == stream
-    return op.kind == "synchronize_stream" and op.stream == stream or op.kind == "synchronize_device"
+def _same(a: int | None, b: int | None) -> bool:
+    "Are `a` and `b` the same stream? `None` (unannotated) is the current stream, as the registry's current-stream indices."
+    return a == b or get_registry().is_current_stream(a) and get_registry().is_current_stream(b)
 
 # %% ../nbs/10_backward_streams.ipynb #f697cc86
-def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
-    "The first sync after all of `copy`'s inputs (its source last, usually) and before `copy` that joins `copy`'s stream."
-    pending, stream, recorded_on = set(copy.all_input_nodes), get_stream(copy), {}
+def _joins(op: StreamOp, stream: int | None, recorded_on: dict) -> bool:
+    "Does the sync `op` order later work (on another stream, or the host's) after `stream`'s work so far?"
+    if op.kind == "wait_stream": return _same(op.streams[1], stream)
+    if op.kind in ("wait_event", "synchronize_event"): return op.event in recorded_on and _same(recorded_on[op.event], stream)
+    return op.kind == "synchronize_stream" and _same(op.stream, stream) or op.kind == "synchronize_device"
+
+# %% ../nbs/10_backward_streams.ipynb #f0052721
+def _origin(n: Node) -> Node:
+    "The node `n` stands for: through the getitems of chapter 13's `control_deps` wrappers (none before that pass)."
+    while n.op == "call_function" and n.target is operator.getitem and is_control_deps(n.args[0]):
+        n = n.args[0].args[1 + n.args[1]]   # control_deps(deps, subgraph, *passthrough)[i] is passthrough[i - 1]
+    return n
+
+# %% ../nbs/10_backward_streams.ipynb #c5b6149a
+def _first_capture(gm: GraphModule, after: set[Node], stream: int | None, stop: Node | None = None, *,
+                   records: bool = False) -> Node | None:
+    """The first sync after all of `after` (and before `stop`) that joins `stream`'s work so far: a `wait_stream`, a
+    `synchronize_stream`/`_device` that joins it, or the *record* of an event that a later wait or `synchronize_event`
+    waits for (an event holds the stream's work as it was at its record, not at the wait). `records=True`: any record
+    on `stream` counts (the caller may wait for it after the graph returns)."""
+    pending, captures = set(after), {}   # event -> its record, where it captures `stream` after all of `after`
     for n in gm.graph.nodes:
-        if n is copy: return None
-        pending.discard(n)   # moved above the join, the copy must still come after its destination too
+        if n is stop: return None
+        pending.discard(n)
         if (op := decode(n, gm)) is None: continue
-        if op.kind == "record_event": recorded_on[op.event] = op.stream
-        elif not pending and _joins(op, stream, recorded_on): return n
+        if op.kind == "record_event":
+            captures[op.event] = n if not pending and _same(op.stream, stream) else None
+            if records and captures[op.event] is not None: return n
+        elif op.kind in ("wait_event", "synchronize_event"):
+            if captures.get(op.event) is not None: return captures[op.event]
+        elif not pending and _joins(op, stream, {}): return n
     return None
 
+# %% ../nbs/10_backward_streams.ipynb #f73e457a
+def _first_join_after_source(gm: GraphModule, copy: Node) -> Node | None:
+    "Where `copy` must go for the first join of its stream after all of its inputs to cover it (before `copy`)."
+    # (after all of them: moved above the join, the copy must still come after its destination too)
+    return _first_capture(gm, {_origin(i) for i in copy.all_input_nodes}, get_stream(copy), copy)
+
 # %% ../nbs/10_backward_streams.ipynb #704a8166
-def _touched_between(gm: GraphModule, join: Node, copy: Node) -> bool:
+def _wrapping(n: Node) -> bool:
+    "Is `n` part of a `control_deps` wrapper (chapter 13): the ctrl node, its subgraph's `get_attr`, one of its getitems?"
+    return (n.op == "get_attr" or is_control_deps(n)
+            or n.op == "call_function" and n.target is operator.getitem and is_control_deps(n.args[0]))
+
+# %% ../nbs/10_backward_streams.ipynb #e0ee55fe
+def _first_touch(gm: GraphModule, join: Node, copy: Node) -> Node | None:
     """Would moving `copy` above `join` change a result? Yes if a node in between reads or writes the copy's destination,
-    or writes its source, through any alias (a view, a split, an in-place op's result)."""
+    or writes its source, through any alias (a view, a split, an in-place op's result): the first such node."""
     mem = storages(gm)
     dst, src = set(blocks(mem.get(copy.args[0]))), set(blocks(mem.get(copy.args[1])))
     n = join
     while n is not copy:
+        if _wrapping(n): n = n.next; continue   # chapter 13's machinery passes values on: it reads and writes nothing
         written = {m for x in written_args(n) for m in blocks(mem.get(x))}
         read = {m for x in n.all_input_nodes for m in blocks(mem.get(x))}
-        if read & dst or written & (dst | src): return True
+        if read & dst or written & (dst | src): return n
         n = n.next
-    return False
+    return None
+
+
+def _touched_between(gm: GraphModule, join: Node, copy: Node) -> bool:
+    "Would moving `copy` above `join` change a result (`_first_touch`)?"
+    return _first_touch(gm, join, copy) is not None
 
 # %% ../nbs/10_backward_streams.ipynb #974e0427
 class SeedEpilogue:
@@ -82,8 +125,8 @@ class CorrectedEpilogue(SeedEpilogue):
     "streamnb's default placement of an epilogue copy (the number is the corrections registry's)."
     @correction(13, "10_backward_streams", "leaves an epilogue `copy_` (an input mutation's write-back) after a user's "
                 "join of its stream: the join does not cover it and the caller may see pre-mutation data (PyTorch "
-                "#197416)", "the copy moves before the first join after its source (unless a node in between touches the "
-                "input or writes the source, through any alias)")
+                "#197416)", "the copy moves before the first join after its source, or before the record of the event a "
+                "join waits for (unless a node in between touches the input or writes the source, through any alias)")
     def place(self, gm: GraphModule, copy: Node) -> None:
         "Move `copy` before the first join of its stream after its source, unless that changes what anything computes."
         join = _first_join_after_source(gm, copy)
@@ -100,3 +143,85 @@ def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> 
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))
         p.place(gm, epi_copy)
+
+# %% ../nbs/10_backward_streams.ipynb #57dea6fe
+class UnorderableWriteBackError(StreamnbError, RuntimeError):
+    """An input mutation's write-back that no order of the graph's stream barriers can honour (newer PyTorch raises
+    `UnsupportedMutationAliasingException` there)."""
+
+# %% ../nbs/10_backward_streams.ipynb #ebb670c9
+def _on_cpu(n: Node) -> bool:
+    "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
+    try: return get_device(n).type == "cpu"
+    except Exception: return False
+
+
+def _sync_name(gm: GraphModule, n: Node) -> str:
+    "`n`'s name, with the sync it wraps if it is a `control_deps` node (chapter 13)."
+    return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
+
+
+def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
+    "Refuse input `i`'s write-back by the runtime wrapper if a forward barrier after its new value `new` joins its stream."
+    cap = _first_capture(gm, {new}, get_stream(new), records=True)
+    if cap is None or is_bwd_node(cap) or _on_cpu(new): return
+    raise UnorderableWriteBackError(
+        f"node {_sync_name(gm, cap)}: input {i} is mutated (its new value {new.name}, on stream {get_stream(new)}) and written "
+        f"back outside the graph, after the compiled function returns: the write-back cannot be ordered before this "
+        f"stream barrier inside the compiled region, which orders that stream's work after {new.name}. Move the "
+        "barrier after the compiled function call (or the mutation after the barrier)")
+
+
+def _versions(copy: Node) -> list[Node]:
+    """The input's earlier versions that the write-back `copy`'s source was made from, newest first: functionalization
+    writes an in-place op on the input as its functional form, with the input's previous version as first argument.
+    Empty where the source's first-argument chain does not lead back to the input (nothing then to decide from)."""
+    dst, v, out = copy.args[0], _origin(copy.args[1]), []
+    while True:
+        if v.op != "call_function" or not v.args or not isinstance(v.args[0], Node): return []
+        if (v := _origin(v.args[0])) is dst: return out
+        out.append(v)
+
+
+def _refuse_spanning(gm: GraphModule, copy: Node) -> None:
+    "Refuse the in-graph write-back `copy` if it spans a forward barrier that joins the stream of a version it writes."
+    src = _origin(copy.args[1])
+    if _on_cpu(src): return
+    for v in _versions(copy):   # the input was mutated (to `v`) before a barrier, and again after it
+        if (b := _first_capture(gm, {v}, get_stream(v), src)) is not None and not is_bwd_node(b):
+            raise UnorderableWriteBackError(
+                f"node {copy.name}: the mutation of input {copy.args[0].name} spans a stream barrier: {_sync_name(gm, b)} orders "
+                f"{v.name}, a version of the input, on its stream, but the input's final value {src.name} is made after "
+                "it, so no write-back inside the compiled region is ordered before the barrier. Move the barrier "
+                "after the last mutation of the input (or the mutations before the barrier)")
+    if (join := _first_join_after_source(gm, copy)) is None or is_bwd_node(join): return
+    touch = _first_touch(gm, join, copy)
+    why = (f"{touch.name} still uses the input's old value (or writes the new one) after it" if touch
+           else "the write-back is after it")
+    raise UnorderableWriteBackError(
+        f"node {copy.name}: the write-back of input {copy.args[0].name} spans a stream barrier: {_sync_name(gm, join)} orders "
+        f"stream {get_stream(copy)}'s work after the new value {_origin(copy.args[1]).name}, but {why}, so the "
+        "write-back can be ordered neither before nor after it inside the compiled region. Move the barrier out of "
+        "the mutation's span (before the input's last use, or after the compiled function call)")
+
+# %% ../nbs/10_backward_streams.ipynb #27ff4845
+@correction(19, "10_backward_streams", "compiles an input mutation whose write-back a stream barrier inside the graph "
+            "was meant to cover but cannot (written back by the runtime wrapper after the call, or an in-graph "
+            "write-back that cannot move above the barrier): the caller may see the input's old value (PyTorch #197416)",
+            "such a graph is refused with `UnorderableWriteBackError` saying what to move, as newer PyTorch refuses it "
+            "(`UnsupportedMutationAliasingException`); decided from AOTAutograd's metadata, in the metadata pass")
+def check_write_backs(gm: GraphModule, fw_metadata: Any) -> None:
+    """Refuse (`UnorderableWriteBackError`, naming the barrier or the copy) an input data mutation whose write-back no
+    order of `gm`'s forward stream barriers can honour. `fw_metadata`: AOTAutograd's `ViewAndMutationMeta`; without
+    `input_info` and `mutated_inp_runtime_indices` nothing is checked."""
+    check_graph_module(gm)
+    info, runtime = getattr(fw_metadata, "input_info", None), getattr(fw_metadata, "mutated_inp_runtime_indices", None)
+    if info is None or runtime is None: return
+    mutates = lambda i: 0 <= i < len(info) and bool(getattr(info[i], "mutates_data", False))
+    out = next(iter(gm.graph.find_nodes(op="output")), None)
+    outs = out.args[0] if out is not None and isinstance(out.args[0], (tuple, list)) else ()
+    for k, i in enumerate(runtime):   # the graph's first outputs: the new values the runtime wrapper writes back
+        if k < len(outs) and isinstance(outs[k], Node) and mutates(i): _refuse_out_of_graph(gm, i, _origin(outs[k]))
+    inputs = list(gm.graph.find_nodes(op="placeholder"))
+    for copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
+        if copy.args[0] in inputs and mutates(inputs.index(copy.args[0])): _refuse_spanning(gm, copy)

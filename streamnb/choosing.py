@@ -17,11 +17,11 @@ from torch.fx import GraphModule
 # %% auto #0
 __all__ = ['STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_streams', 'SmallExperts', 'DeepNarrow', 'table_models',
            'table_graphs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one', 'judge', 'format_table',
-           'process_capture', 'without_syncs']
+           'process_capture', 'MoEBlock', 'without_syncs']
 
 # %% ../nbs/21b_choosing_streams.ipynb #4dfe635a
 from .graph import check_graph_module
-from .graph import StreamRegistry, get_registry, get_stream, is_bwd_node, use_registry
+from .graph import StreamRegistry, get_registry, get_stream, use_registry
 from .streamops import current_stream_key, decode, physical_stream
 from .contention import kernel_demand
 from .simulator import Timeline, simulate
@@ -31,7 +31,7 @@ from .capturing import capture
 
 # %% ../nbs/21b_choosing_streams.ipynb #8492530c
 from .strategies import (AssignError, Dag, apply_streams, compute_dag, critical_path, critical_path_round_robin,
-                                 nimble, proposals)
+                                 graph_part, in_part, nimble, proposals)
 from .minsync import fewest_syncs_after, run_passes_fewest_syncs
 
 # %% ../nbs/21b_choosing_streams.ipynb #de32d6fc
@@ -54,7 +54,7 @@ def streamnb_choice(gm: GraphModule, dag: Dag, streams: list, *, keep_user: bool
                     memory_limit: int | None = None) -> tuple[list, list[tuple]]:
     """Each proposal judged on the contention-aware timeline of the processed graph: the fastest within `memory_limit`
     bytes wins; one stream (the first) unless another is strictly faster. Also returns what it tried: (proposal,
-    makespan ms, peak bytes). k+3 simulations of n nodes: O(n·k)."""
+    makespan ms, peak bytes). At most 3k+1 simulations of n nodes (k = len(streams) - 1)."""
     check_graph_module(gm)
     tried, best, seen = [], None, set()
     for name, choice in proposals(dag, streams, device).items():
@@ -79,15 +79,20 @@ STRATEGIES = ("single", "critical_path", "nimble", "streamnb")
 # %% ../nbs/21b_choosing_streams.ipynb #2be7ec1c
 def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams: int = 2, device: str = "H100",
                    memory_limit: int | None = None, keep_user: bool = True) -> GraphModule:
-    """Annotate the backward compute nodes of `gm` (a backward or joint graph, before the stream passes) with the default
-    stream and up to `side_streams` side streams. `strategy`: "single", "critical_path" (apex torchsched), "nimble" (min
-    chain cover) or "streamnb" (judged on the contention-aware timeline within `memory_limit` bytes, never worse than one
-    stream). The user's annotations stay unless `keep_user=False`. Returns `gm`; details in `gm.meta['streamnb_assignment']`."""
+    """Annotate the compute nodes of `gm`, before the stream passes, with the default stream and up to `side_streams`
+    side streams: the backward nodes of a backward or joint graph, every node of a forward or inference graph (no
+    backward node). `strategy`: "single", "critical_path" (apex torchsched), "nimble" (min chain cover) or "streamnb"
+    (judged on the contention-aware timeline within `memory_limit` bytes, never worse than one stream nor than with
+    fewer side streams). The user's annotations stay unless `keep_user=False`. Returns `gm`; details in
+    `gm.meta['streamnb_assignment']`. A graph it cannot assign raises `AssignError` and is left unchanged."""
     check_graph_module(gm)
     if strategy not in STRATEGIES: raise AssignError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 0:
         raise AssignError(f"side_streams must be an int >= 0, got {side_streams!r}")
     dag = compute_dag(gm, device=device, keep_user=keep_user)   # raises, naming the node, before anything changes
+    if not dag.nodes:
+        raise AssignError(f"the {dag.part} part of this graph has no compute node to assign (only inputs, views, "
+                          "accumulations or copies): nothing was changed")
     streams = [current_stream_key(get_registry()), *side_stream_indices(side_streams)]
     tried = []
     if strategy == "single": choice = [streams[0]] * len(dag.nodes)
@@ -96,7 +101,7 @@ def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams:
     else: choice, tried = streamnb_choice(gm, dag, streams, keep_user=keep_user, device=device, memory_limit=memory_limit)
     for v, s in dag.pinned.items(): choice[v] = s
     apply_streams(gm, dag, choice, keep_user)
-    gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=sorted(set(choice)), tried=tried)
+    gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=sorted(set(choice)), tried=tried, part=dag.part)
     return gm
 
 # %% ../nbs/21b_choosing_streams.ipynb #d1ea3862
@@ -132,11 +137,11 @@ def table_graphs(seed: int = 0) -> dict[str, GraphModule]:
 
 # %% ../nbs/21b_choosing_streams.ipynb #d0307655
 def cross_stream_edges(gm: GraphModule, registry: StreamRegistry | None = None) -> int:
-    "Data edges between backward compute nodes on different streams: what `insert_backward_syncs` looks at."
+    "Data edges between compute nodes of the assigned part (`graph_part`) on different streams: what the syncs pass looks at."
     check_graph_module(gm)
-    reg = registry if registry is not None else get_registry()
+    reg, part = registry if registry is not None else get_registry(), graph_part(gm)
     ph = lambda n: physical_stream(get_stream(n), reg)
-    comp = lambda n: n.op == "call_function" and is_bwd_node(n) and decode(n, gm) is None
+    comp = lambda n: n.op == "call_function" and in_part(n, part) and decode(n, gm) is None
     return sum(1 for n in gm.graph.nodes if comp(n) for a in n.all_input_nodes if comp(a) and ph(a) != ph(n))
 
 # %% ../nbs/21b_choosing_streams.ipynb #e97898e6
@@ -161,6 +166,7 @@ class Row:
     peak_mib: float         # peak memory, contention-aware timeline
     bound_us: float         # max(critical path, total work / device)
     sanitizer_ok: bool      # race-free and reorder-safe
+    sanitizer_error: str | None = None   # the sanitizer's first error (program order, then reordering), if any
 
 # %% ../nbs/21b_choosing_streams.ipynb #edc85af5
 def judge_one(gm: GraphModule, model: str, strategy: str, *, side_streams: int = 2, device: str = "H100",
@@ -175,11 +181,11 @@ def judge_one(gm: GraphModule, model: str, strategy: str, *, side_streams: int =
         run_passes_fewest_syncs(g, device=device)
         free = simulate(g, device=device, registry=reg)
         tl = simulate(g, device=device, registry=reg, name=f"{model}: {strategy}", contention=True)
-        ok = sanitize(g, registry=reg).ok and sanitize(g, reorder=True, registry=reg).ok
+        errors = sanitize(g, registry=reg).errors or sanitize(g, reorder=True, registry=reg).errors
     if bound is None: bound = lower_bound(compute_dag(gm, device=device, keep_user=False), device)
     before, after = g.meta["streamnb_syncs"]
     return Row(model, strategy, used, edges, before, after, free.makespan * 1e3, tl.makespan * 1e3,
-               tl.peak_memory / 2**20, bound * 1e3, ok), tl, g
+               tl.peak_memory / 2**20, bound * 1e3, not errors, errors[0].message if errors else None), tl, g
 
 # %% ../nbs/21b_choosing_streams.ipynb #6cb7ec86
 def judge(graphs: dict[str, GraphModule], *, strategies=STRATEGIES, side_streams: int = 2, device: str = "H100",
@@ -196,7 +202,7 @@ def judge(graphs: dict[str, GraphModule], *, strategies=STRATEGIES, side_streams
 
 # %% ../nbs/21b_choosing_streams.ipynb #868bce98
 def format_table(rows: list[Row]) -> str:
-    "The rows as a fixed-width text table (µs, MiB)."
+    "The rows as a fixed-width text table (µs, MiB); under it, for each row the sanitizer rejects, the first line of its first error."
     head = ("model", "strategy", "streams", "cross edges", "syncs before→after", "free µs", "contention µs",
             "peak MiB", "bound µs", "sanitizer")
     body = [(r.model, r.strategy, str(r.streams), str(r.cross_edges), f"{r.syncs_before}→{r.syncs_after}",
@@ -204,7 +210,9 @@ def format_table(rows: list[Row]) -> str:
              "ok" if r.sanitizer_ok else "ERRORS") for r in rows]
     w = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     line = lambda x: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(x)).rstrip()
-    return "\n".join([line(head), line(tuple("-" * k for k in w)), *map(line, body)])
+    why = [f"ERRORS in {r.model} / {r.strategy}: {(r.sanitizer_error or 'no message').splitlines()[0]}"
+           for r in rows if not r.sanitizer_ok]
+    return "\n".join([line(head), line(tuple("-" * k for k in w)), *map(line, body), *why])
 
 # %% ../nbs/21b_choosing_streams.ipynb #0308afd1
 def process_capture(cap, *, strategy: str = "streamnb", side_streams: int = 2, device: str = "H100",
@@ -216,6 +224,23 @@ def process_capture(cap, *, strategy: str = "streamnb", side_streams: int = 2, d
     pc = dataclasses.replace(cap, joint=joint).process(partitioner=partitioner, registry=reg, device=device,
                                                         after=fewest_syncs_after())
     return dataclasses.replace(pc, processed=dict(strategy=strategy, side_streams=side_streams, partitioner=partitioner))
+
+# %% ../nbs/21b_choosing_streams.ipynb #169e0f12
+class MoEBlock(nn.Module):
+    """A mixture-of-experts block: a router, a shared expert (Linear-GELU-Linear) and routed experts, each weighted by
+    the router's top-`k` gate (dense routing: every expert sees every token, weighted zero off its top k)."""
+    def __init__(self, d: int = 256, hidden: int = 512, experts: int = 4, k: int = 2):
+        super().__init__()
+        expert = lambda: nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+        self.router, self.shared, self.k = nn.Linear(d, experts), expert(), k
+        self.experts = nn.ModuleList(expert() for _ in range(experts))
+    def forward(self, x):
+        gates = self.router(x).softmax(-1)
+        top, idx = gates.topk(self.k, dim=-1)
+        w = torch.zeros_like(gates).scatter(-1, idx, top)   # the top-k gates, zero elsewhere
+        out = self.shared(x)
+        for i, e in enumerate(self.experts): out = out + w[..., i:i + 1] * e(x)
+        return out
 
 # %% ../nbs/21b_choosing_streams.ipynb #d88bdd80
 def without_syncs(gm: GraphModule) -> GraphModule:

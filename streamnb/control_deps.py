@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from typing import Callable
 
 import torch
 from torch.fx import GraphModule, Node
@@ -16,8 +17,8 @@ from torch._inductor.fx_passes.control_dependencies import control_deps
 
 from . import fastfx
 from .graph import check_graph_module
-from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, correction, stream_pass, get_registry, get_stream,
-                            is_bwd_node, is_control_deps, streams)
+from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
+                            get_stream, is_bwd_node, is_control_deps, streams)
 from .streamops import OPS, StreamOp, blocks, check_stream_ops, decode, is_view, storages, written_args
 
 # %% auto #0
@@ -50,13 +51,24 @@ def hoist_above(gm: GraphModule, node: Node | str, anchor: Node | str) -> None:
     gm.recompile()
 
 # %% ../nbs/13_control_deps.ipynb #74f82f7a
+def _rewire(user: Node, dep: Node, new: Node, keeps: Callable[[Node, Node], bool] | None = None) -> None:
+    "Make `user` read `new` where it reads `dep`; where `keeps(user, dep)`, its first argument stays `dep`."
+    if keeps is None or not keeps(user, dep):
+        return user.replace_input_with(dep, new)   # (the seed maps args and kwargs: the same, in one update)
+    swap = lambda a: new if a is dep else a
+    user.args, user.kwargs = (user.args[0], *map_arg(user.args[1:], swap)), map_arg(user.kwargs, swap)
+
+# %% ../nbs/13_control_deps.ipynb #a91e2694
 def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Node], visited: set[Node], *,
-                    output: _DeferredOutput | None = None) -> tuple[Node, list[Node]]:
-    "Replace `sync_node` with a `control_deps` node ordered after `deps_before_sync`; return it and its passthrough getitems."
+                    output: _DeferredOutput | None = None,
+                    keeps: Callable[[Node, Node], bool] | None = None) -> tuple[Node, list[Node]]:
+    """Replace `sync_node` with a `control_deps` node ordered after `deps_before_sync`; return it and its passthrough
+    getitems. `keeps(user, dep)`: `user` keeps reading `dep` itself in its first argument (the seed rewires every use)."""
     graph = gm.graph
     # Only deps with a user after the sync need to be threaded through it. (`output`: the output node's reads, held
     # aside by the pass; it counts as a user as it would in the graph.)
-    deps_with_uses_after_sync = [dep for dep in deps_before_sync if any(u not in visited for u in dep.users)
+    deps_with_uses_after_sync = [dep for dep in deps_before_sync
+                                 if any(u not in visited and not (keeps and keeps(u, dep)) for u in dep.users)
                                  or (output is not None and output.reads(dep, visited))]
     subgraph_module = fastfx.create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
     subgraph_attr_name = fastfx.subgraph_name(gm, sync_node.name)
@@ -81,7 +93,7 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
             if user is control_deps_node or user in visited: continue
             # A forward output stays a forward node: the partitioner must not see it come from the backward.
             if user.op == "output" and not is_bwd_node(dep): continue
-            user.replace_input_with(dep, getitem_node)   # (the seed maps args and kwargs: the same, in one update)
+            _rewire(user, dep, getitem_node, keeps)
     if output is not None and output.reads(sync_node): output.replace(sync_node, control_deps_node)
     sync_node.replace_all_uses_with(control_deps_node)
     graph.erase_node(sync_node)
@@ -181,6 +193,16 @@ def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
     return out
 
 # %% ../nbs/13_control_deps.ipynb #41dfe9d5
+def _is_copy_destination(user: Node, dep: Node) -> bool:
+    "Is `dep` a graph input that `user`, a `copy_` (an input mutation's write-back), writes into?"
+    return user.target is aten.copy_.default and bool(user.args) and user.args[0] is dep and dep.op == "placeholder"
+
+
+def _is_write_back(n: Node) -> bool:
+    "Is `n` an input mutation's write-back, a `copy_` into a graph input?"
+    return n.target is aten.copy_.default and bool(n.args) and _is_copy_destination(n, n.args[0])
+
+# %% ../nbs/13_control_deps.ipynb #bb63a8a0
 def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict,
                                backward_syncs: set[Node] = frozenset()) -> list[Node]:
     """For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it
@@ -188,7 +210,8 @@ def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node],
     ordered, extra = set(deps), []
     for u in memory.get(wait, ()):
         if u in visited or _depends_on_any(u, ordered, visited): continue
-        ins = [i for i in u.all_input_nodes if i in visited and i.op != "get_attr"]
+        # (never a `copy_`'s destination input: it keeps its identity, correction 18; its source carries the order)
+        ins = [i for i in u.all_input_nodes if i in visited and i.op != "get_attr" and not _is_copy_destination(u, i)]
         allowed = [i for i in ins if not (wait in backward_syncs and _is_forward_value(i))]
         # (else a forward graph input: its getitem is then tagged for the backward, see `wrapped`)
         i = next(iter(allowed or [i for i in ins if i.op == "placeholder"]), None)
@@ -202,11 +225,12 @@ def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> l
 
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
 def _backward_syncs(graph: torch.fx.Graph) -> set[Node]:
-    "The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node."
+    """The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node (not an
+    input's write-back `copy_`: AOTAutograd tags those `must_be_in_backward` in inference graphs too, correction 18)."""
     out, in_backward = set(), False
     for n in graph.nodes:
         if n.op != "call_function": continue
-        if decode(n) is None: in_backward = in_backward or is_bwd_node(n)
+        if decode(n) is None: in_backward = in_backward or is_bwd_node(n) and not _is_write_back(n)
         elif is_bwd_node(n) or (in_backward and n.meta.get("partitioner_tag") is None): out.add(n)
     return out
 
@@ -221,6 +245,14 @@ def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
     return out
 
 # %% ../nbs/13_control_deps.ipynb #5e11cf11
+def _frontier(nodes: list[Node]) -> list[Node]:
+    """A stream's list as deps without the nodes that another node of the list reads (directly, or through a getitem):
+    a sync after the rest is after them too, and they need not stay allocated until the sync runs (correction 21)."""
+    inside = set(nodes)
+    def read_inside(n: Node) -> bool:
+        return any(u in inside or (u.target is operator.getitem and not inside.isdisjoint(u.users)) for u in n.users)
+    return [n for n in nodes if not read_inside(n)]
+
 def _chained(nodes: list[Node]) -> list[Node]:
     "A stream's list as deps: its leading ctrl (correction 8) is dropped if a later node of the list reads its getitems."
     if not nodes or not is_control_deps(nodes[0]): return nodes
@@ -301,6 +333,9 @@ class SeedWrap:
     def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
         "What a `record_event` adds to its deps."
         return deps
+    def barrier_deps(self, w: _Walk, barrier: Node, deps: list[Node]) -> list[Node]:
+        "What a host barrier (`synchronize_*`) adds to its deps."
+        return deps
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:
         "The deps of a `wait_event` on an event the graph has not recorded before it."
         return deps
@@ -315,9 +350,48 @@ class SeedWrap:
         "After a host barrier every list starts empty."
         w.stream_to_nodes.clear()
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None: "Note a wrapped sync."
+    def keeps(self, user: Node, dep: Node) -> bool:
+        "Does `user` keep reading `dep` itself (its first argument) when `dep` passes through a sync? The seed: never."
+        return False
     def add(self, w: _Walk, node: Node) -> None:
         "A compute node joins its stream's list."
         w.stream_to_nodes.setdefault(get_stream(node), []).append(node)
+
+# %% ../nbs/13_control_deps.ipynb #ab18ce8c
+def _next_anchor(n: Node, waiting: int | None, any_stream: bool, backward: bool, backward_syncs: set[Node]) -> bool:
+    "Is `n` a host barrier (or, unless `any_stream`, a `wait_stream` of `waiting`) in the partition `backward`?"
+    if n.op != "call_function" or n.target not in SYNC_OPS + (streams.wait_stream.default,): return False
+    op = decode(n)
+    if (n in backward_syncs) != backward: return False
+    return op.host or not any_stream and op.kind == "wait_stream" and op.streams[0] == waiting
+
+# %% ../nbs/13_control_deps.ipynb #6befdaf5
+def _later_reads(wait: Node, waiting: int | None, visited: set[Node], backward: bool = False, *,
+                 any_stream: bool = False, backward_syncs: set[Node] = frozenset()) -> list[Node]:
+    """The values from before `wait` (graph inputs included) that a compute node after it on stream `waiting`, in the
+    wait's partition (`backward`), reads, directly or through nodes after the wait: what torch 2.13's
+    `_collect_wait_stream_forward_deps` threads through a `wait_stream` (direct reads only there; transitive in newer
+    PyTorch). Never a multi-output node (correction 14), a `copy_`'s destination (correction 18), or, for a backward
+    sync, a forward value (correction 7). `any_stream`: a compute node on any stream (a host barrier, correction 20).
+    Once it has found a value (so that `wait` will be wrapped), the walk stops at the next host barrier of the partition
+    (or `wait_stream` of `waiting`): that sync orders what follows it, and follows `wait` (correction 8's chain)."""
+    out: dict[Node, None] = {}
+    expanded: set[Node] = set()   # nodes after the wait whose inputs were looked at (each once)
+    n = wait.next
+    while n.op != "root" and not (out and _next_anchor(n, waiting, any_stream, backward, backward_syncs)):
+        consumer = _is_consumer(n, waiting) or any_stream and _is_consumer(n, get_stream(n))
+        todo = [n] if consumer and is_bwd_node(n) == backward and n.target is not operator.getitem else []
+        while todo:
+            u = todo.pop()
+            if u in expanded: continue
+            expanded.add(u)
+            for i in u.all_input_nodes:
+                if i not in visited: todo.append(i)
+                elif (i.op != "get_attr" and "val" in i.meta and not _is_copy_destination(u, i)
+                      and not isinstance(i.meta["val"], (tuple, list)) and not (backward and _is_forward_value(i))):
+                    out[i] = None
+        n = n.next
+    return list(out)
 
 # %% ../nbs/13_control_deps.ipynb #22c72488
 class _CorrectedReading(SeedWrap):
@@ -332,20 +406,31 @@ class _CorrectedReading(SeedWrap):
         if self.strict: check_events_recorded(gm)                                             # 12
 
 # %% ../nbs/13_control_deps.ipynb #e8db761d
-class CorrectedWrap(_CorrectedReading):
+class _SyncAnchors(_CorrectedReading):
+    "Every sync an anchor (correction 20): a re-recorded event follows its previous record; a host barrier what reads later."
+    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
+        prev = w.event_to_ctrl.get(decode(record).event)   # (CUDA: the last record wins; the wait follows the newest)
+        return deps if prev is None or prev in deps else [prev, *deps]
+    def barrier_deps(self, w: _Walk, barrier: Node, deps: list[Node]) -> list[Node]:
+        b = barrier in w.backward_syncs
+        return deps + _later_reads(barrier, None, w.visited, b, any_stream=True, backward_syncs=w.backward_syncs)
+
+# %% ../nbs/13_control_deps.ipynb #fd13a213
+class CorrectedWrap(_SyncAnchors):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def start(self, w: _Walk) -> None:
         w.values, w.memory = {}, _memory_after_waits(w.gm)   # values per stream (and getitems); wait -> its accesses (6)
         w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
         w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph)   # forward syncs' ctrls; (7)
-    def stream_deps(self, nodes: list[Node]) -> list[Node]: return _chained(nodes)            # 8
+    def stream_deps(self, nodes: list[Node]) -> list[Node]: return _frontier(_chained(nodes))  # 8, 21
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
         if None in w.stream_to_nodes: w.stream_to_nodes[None] = _unannotated_after(w.stream_to_nodes[None], stream, ctrl)
     def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:                              # 8
         if ctrl is None: return super().after_barrier(w, ctrl)
         for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]
-    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:            # 9
+    def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:            # 9 (and 20)
+        deps = super().record_deps(w, record, deps)
         return deps + [t for t in _dealloc_tensors(w.deallocs.get(record, ())) if t not in deps]
     def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
         deps = list(dict.fromkeys(self.tuple_deps(w, self.backward_deps(w, node, deps))))   # (no repeats)
@@ -356,20 +441,19 @@ class CorrectedWrap(_CorrectedReading):
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
         extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
         return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
-    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]:                   # 12
-        return [*w.graph.find_nodes(op="placeholder"), *deps]
+    def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return [*w.graph.find_nodes(op="placeholder"), *deps]  # 12
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if node not in w.backward_syncs: w.forward_ctrls.add(ctrl)
         if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
         for g in passthrough if node in w.backward_syncs else ():   # a forward input passed through a backward sync (6)
             if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
-    def add(self, w: _Walk, node: Node) -> None:
-        super().add(w, node)
-        w.values.setdefault(get_stream(node), []).append(node)
+    def add(self, w: _Walk, node: Node) -> None: super().add(w, node); w.values.setdefault(get_stream(node), []).append(node)
+    def keeps(self, user: Node, dep: Node) -> bool: return _is_copy_destination(user, dep)     # 18
     def wait_stream(self, w: _Walk, node: Node, op: StreamOp) -> None:                         # 11
-        waiting, waited_on = op.streams
-        ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting)], (waited_on, waiting))
+        waiting, waited_on = op.streams   # after both streams' work, and what the waiting stream reads later (2.13):
+        later = _later_reads(node, waiting, w.visited, node in w.backward_syncs, backward_syncs=w.backward_syncs)
+        ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting), *later])   # (6's search: in it)
         for s in (waited_on, waiting): w.after_sync(s, ctrl)
 
 # %% ../nbs/13_control_deps.ipynb #e2ca3de1
@@ -386,13 +470,27 @@ _CORRECTIONS = (   # (number, the method that implements it, what the seed does,
     (11, CorrectedWrap.wait_stream, "leaves `wait_stream` bare (it is not in `_SYNC_OPS`), and every sync called "
      "through its packet (`torch.ops.streams.record_event`, not `.default`): a user's join can float (torch 2.13 wraps "
      "`wait_stream`, PR #185627)", "`wait_stream` and the packet forms are wrapped: a `wait_stream` after the work of "
-     "both streams, and the waiting stream's later consumers read through it"),
+     "both streams, and the waiting stream's later consumers read through it, their reads of graph inputs too (as "
+     "torch 2.13's `_collect_wait_stream_forward_deps`)"),
     (12, CorrectedWrap.external_wait_deps, "wraps a `wait_event` on an event recorded before the graph runs (in the "
      "forward, or by the caller) after its stream's nodes only: what reads the graph's inputs may move above it",
      "such a wait is ordered after the graph's inputs, as newer PyTorch does (`strict=True` refuses it)"),
     (14, CorrectedWrap.tuple_deps, "a user's forward sync after a multi-output op (`native_layer_norm`) depends on the "
      "tuple node itself: AOTAutograd's partitioner rejects the graph ('Expected native_layer_norm to be a tensor')",
      "the sync depends on the node's getitems instead (and a forward sync's `control_deps` stays in the forward)"),
+    (18, CorrectedWrap.keeps, "rewires the destination of an epilogue `copy_` (an input mutation's write-back) to the "
+     "getitem of a sync that threads the input through (a `synchronize_event` or a `wait_event` on an event recorded "
+     "outside the graph, a `wait_stream`): AOTAutograd's `assert_functional_graph` then fails ('copy_ into an input')",
+     "the `copy_` keeps writing into the graph input itself, as newer PyTorch does; its source carries the order"),
+    (20, _SyncAnchors, "a sync with nothing to follow is left bare, and so can float: an event recorded again may be "
+     "recorded above its previous record (CUDA keeps the last record, so a wait then waits for the wrong work), and "
+     "work after a host barrier (`synchronize_*`) that reads only graph inputs or earlier values may move above it",
+     "a record follows the previous record of its event, and a host barrier passes on the values that later work "
+     "reads (as newer PyTorch: 'every sync is an anchor')"),
+    (21, CorrectedWrap.stream_deps, "makes a sync's `control_deps` depend on every node of its stream since the last "
+     "sync: each of them stays allocated until the sync runs (a record after a long stretch of a side stream holds all "
+     "its intermediates)", "only the stretch's last nodes (those no other node of it reads): the same order, and the "
+     "intermediates are freed after their last real use"),
 )
 for _n, _method, _seed, _fix in _CORRECTIONS: correction(_n, "13_control_deps", _seed, _fix)(_method)
 
@@ -424,7 +522,7 @@ class _Walk:
         deps = self.rules.finish_deps(self, node, deps, crossing)
         if not deps: return None, []
         self.found_sync = True
-        ctrl, passthrough = _wrap_sync_node(self.gm, node, deps, self.visited, output=self.output)
+        ctrl, passthrough = _wrap_sync_node(self.gm, node, deps, self.visited, output=self.output, keeps=self.rules.keeps)
         self.rules.wrapped(self, node, ctrl, passthrough)
         return ctrl, passthrough
 
@@ -433,7 +531,7 @@ class _Walk:
 
     def barrier(self, node: Node) -> None:
         "`synchronize_device`/`synchronize_stream`: the host blocks, so every stream's work so far comes before."
-        ctrl, _ = self.wrap(node, self.all_stream_deps())
+        ctrl, _ = self.wrap(node, self.rules.barrier_deps(self, node, self.all_stream_deps()))
         self.rules.after_barrier(self, ctrl)
 
 # %% ../nbs/13_control_deps.ipynb #1cc58641
@@ -450,6 +548,7 @@ def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
         deps = [w.event_to_ctrl[event], *deps]
     if target is streams.synchronize_event.default: deps = [*deps, *w.event_to_passthrough.get(event, ())]
     if target is streams.record_event.default: deps = w.rules.record_deps(w, node, deps)
+    if target is streams.synchronize_event.default: deps = w.rules.barrier_deps(w, node, deps)
     crossing = None
     if target is streams.wait_event.default:
         if event in w.event_to_stream: crossing = (w.event_to_stream[event], stream)

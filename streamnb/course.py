@@ -22,7 +22,7 @@ from .metadata import populate_fw_metadata_with_stream_indices
 from .pipeline import run_stream_passes
 
 # %% auto #0
-__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
+__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'join_before_output', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
 
 # %% ../nbs/10_backward_streams.ipynb #7d347ab5
 def acc_exercise_graph() -> GraphModule:
@@ -60,11 +60,24 @@ def sync_exercise_graph() -> GraphModule:
     return b.output(p, c0, c2, c3)
 
 # %% ../nbs/11_syncs.ipynb #957b325c
+def join_before_output(gm: GraphModule, event: int, stream: int) -> Node:
+    "Insert `wait_event(event, stream)` right before `gm`'s output: the caller's `stream` waits for what the graph returns."
+    check_graph_module(gm)
+    out = gm.graph.find_nodes(op="output")
+    if not out: raise ValueError("join_before_output: the graph has no output node to wait before")
+    with gm.graph.inserting_before(out[0]):
+        wait = gm.graph.call_function(streams.wait_event.default, (event, stream))
+    wait.meta["partitioner_tag"] = "must_be_in_backward"
+    return wait
+
+# %% ../nbs/11_syncs.ipynb #111b4fba
 def sync_exercise():
     "Chapter 11's exercise: make `sync_exercise_graph` race-free by hand; the worked solution is `insert_backward_syncs`."
     return Exercise(title="fewest syncs", start=sync_exercise_graph, solution=lambda gm: insert_backward_syncs(gm),
                     task="Make the graph race-free with the fewest syncs: insert_record_event_after_node(gm.graph, "
-                         "node(gm, 'neg'), event) and insert_wait_event_before_node(gm.graph, node(gm, ...), event).",
+                         "node(gm, 'neg'), event) and insert_wait_event_before_node(gm.graph, node(gm, ...), event). "
+                         "The caller reads the outputs on stream 0 (the current stream): join what it returns there, "
+                         "with join_before_output(gm, event, 0).",
                     cost={k: v / 1000 for k, v in {"neg": 2, "mul": 1, "sin": 1, "cos": 1}.items()})   # µs, in ms
 
 # %% ../nbs/12_dealloc.ipynb #3b1f77da

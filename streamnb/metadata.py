@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from .assign import check_write_backs
 from .graph import StreamnbError, get_stream, validate
 from .streamops import check_stream_ops
 
@@ -22,14 +23,15 @@ class MissingOutputError(StreamnbError, AssertionError):
 
 # %% ../nbs/14_metadata.ipynb #35593dac
 def populate_fw_metadata_with_stream_indices(gm: GraphModule, fw_metadata: Any, *, upstream: bool = False) -> None:
-    "Set `fw_metadata.mutated_inp_stream_indices` to the streams of the graph's first `num_mutated_inp_runtime_indices` outputs."
-    # No known defect: both modes run the seed's rule.
+    """Set `fw_metadata.mutated_inp_stream_indices` to the streams of the graph's first `num_mutated_inp_runtime_indices`
+    outputs. By default first refuse a mutated input whose write-back no barrier order can honour (correction 19)."""
     validate(gm); check_stream_ops(gm)   # it changes no graph, but reads one: refuse a bad one naming the node
     num_mutated_inps = getattr(fw_metadata, "num_mutated_inp_runtime_indices", None)
     if isinstance(num_mutated_inps, bool) or not isinstance(num_mutated_inps, int) or num_mutated_inps < 0:
         raise TypeError(f"fw_metadata: expected AOTAutograd's ViewAndMutationMeta (an object whose "
                         f"num_mutated_inp_runtime_indices is an int >= 0), got {type(fw_metadata).__name__} with "
                         f"num_mutated_inp_runtime_indices={num_mutated_inps!r}")
+    if not upstream: check_write_backs(gm, fw_metadata)   # (chapter 10; the seed: silent)
     if num_mutated_inps == 0:
         fw_metadata.mutated_inp_stream_indices = []
         return

@@ -5,38 +5,67 @@
 # %% ../nbs/21a_fewest_syncs.ipynb #e607872a
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 from torch.fx import GraphModule, Node
 
 # %% auto #0
-__all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_syncs_after', 'run_passes_fewest_syncs',
-           'fewest_syncs_start', 'fewest_syncs_exercise']
+__all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_syncs_after', 'as_backward',
+           'run_passes_fewest_syncs', 'fewest_syncs_start', 'fewest_syncs_exercise']
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
 from .graph import check_graph_module
 from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
-from .streamops import VectorClocks, decode, physical_stream
+from .streamops import VectorClocks, blocks, decode, physical_stream, storages, written_args
 from .simulator import us
 from .pipeline import run_stream_passes
 from .exercises import Exercise, count_syncs
+from .strategies import graph_part
 
 # %% ../nbs/21a_fewest_syncs.ipynb #592ab8b3
 def _launches(n: Node) -> bool: return n.op in ("call_function", "call_method", "call_module")
 
 # %% ../nbs/21a_fewest_syncs.ipynb #f8ec50de
+def _memory_waits(gm: GraphModule) -> set[Node]:
+    "The compute nodes that write memory in place, or read memory some node writes in place: their waits order memory."
+    mem = storages(gm)
+    written = {b for n in gm.graph.nodes if n.op == "call_function" for t in written_args(n) for b in blocks(mem.get(t))}
+    return {n for n in gm.graph.nodes if n.op == "call_function" and
+            (written_args(n) or any(b in written for i in n.all_input_nodes for b in blocks(mem.get(i))))}
+
+# %% ../nbs/21a_fewest_syncs.ipynb #ad147608
+def _consumer(wait: Node, gm: GraphModule) -> Node:
+    "The node a wait was inserted before: the first node after it that is not a stream op."
+    n = wait.next
+    while n.op == "call_function" and decode(n, gm) is not None: n = n.next
+    return n
+
+# %% ../nbs/21a_fewest_syncs.ipynb #6c10c570
 def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> list[Node]:
-    "The `wait_event`s after which the waiting stream knows nothing new: its clock already covers the record's snapshot."
+    """The `wait_event`s that order nothing new, in program order and along data edges: the waiting stream's clock
+    already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
+    one's, and the wait's consumer is a plain reader (not the output, no memory written in place)."""
     check_graph_module(gm)
     ph = lambda i: physical_stream(i, registry if registry is not None else get_registry())
-    vc, out = VectorClocks(), []
+    vc, out, recorded_on, direct = VectorClocks(), [], {}, {}   # direct: (waiting, recording stream) -> its last kernel
+    memory = None                                               # computed once, at the first candidate
     for n in gm.graph.nodes:
         op = decode(n, gm)
         if op is None:
             if _launches(n): vc.launch(ph(get_stream(n)))
             continue
-        if op.kind == "wait_event" and vc.covers(op.event, ph(op.stream)): out.append(n)
-        vc.apply(op, ph)   # a covered wait changes no clock
+        if op.kind == "record_event": recorded_on[op.event] = ph(op.stream)
+        if op.kind == "wait_event" and op.event in vc.events:
+            s, r = ph(op.stream), recorded_on.get(op.event)
+            k = vc.events[op.event].get(r, 0)
+            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k:
+                c = _consumer(n, gm)
+                memory = _memory_waits(gm) if memory is None else memory
+                if c.op == "call_function" and c not in memory:
+                    out.append(n); continue      # a covered wait changes no clock
+            direct[s, r] = max(direct.get((s, r), 0), k)
+        vc.apply(op, ph)
     return out
 
 # %% ../nbs/21a_fewest_syncs.ipynb #cc3b1357
@@ -69,14 +98,36 @@ def fewest_syncs_after(minimize: bool = True) -> dict[str, Callable[[GraphModule
     return {"insert_backward_syncs": step}
 
 # %% ../nbs/21a_fewest_syncs.ipynb #8c479e61
+_NO_TAG = object()
+
+@contextmanager
+def as_backward(gm: GraphModule):
+    """For a graph with no backward node (`graph_part(gm) == "forward"`), its compute nodes tagged `is_backward` inside
+    the `with`, so the stream passes treat it as the standalone graph it is; the tags restored after (new nodes: the
+    forward's tag). A backward or joint graph is left as it is."""
+    check_graph_module(gm)
+    if graph_part(gm) == "backward": yield gm; return
+    old = {n: n.meta.get("partitioner_tag", _NO_TAG) for n in gm.graph.nodes if n.op == "call_function"}
+    new_tag = "is_forward" if "is_forward" in old.values() else _NO_TAG
+    for n in old: n.meta["partitioner_tag"] = "is_backward"
+    try: yield gm
+    finally:
+        for n in gm.graph.nodes:
+            if n.op != "call_function": continue
+            if (t := old.get(n, new_tag)) is _NO_TAG: n.meta.pop("partitioner_tag", None)
+            else: n.meta["partitioner_tag"] = t
+
+# %% ../nbs/21a_fewest_syncs.ipynb #505055c0
 def run_passes_fewest_syncs(gm: GraphModule, *, minimize: bool = True, mechanism: str = "sync_dealloc",
                             device: str = "H100", fw_metadata=None, wrap: bool = True) -> GraphModule:
     """`run_stream_passes` with `minimize_syncs` between `insert_backward_syncs` and `sync_deallocations`; the sync counts
-    before and after it go in `gm.meta['streamnb_syncs']`. `wrap=False` leaves the syncs bare (for estimates only)."""
+    before and after it go in `gm.meta['streamnb_syncs']`. `wrap=False` leaves the syncs bare (for estimates only). A
+    forward or inference graph (no backward node) gets the syncs too: the passes run on it `as_backward`."""
     check_graph_module(gm)
     passes = [p for p in PIPELINE_ORDER if wrap or p != "wrap_all_sync_nodes_with_control_deps"]
-    return run_stream_passes(gm, mechanism=mechanism, device=device, fw_metadata=fw_metadata, passes=passes,
-                             after=fewest_syncs_after(minimize))
+    with as_backward(gm):
+        return run_stream_passes(gm, mechanism=mechanism, device=device, fw_metadata=fw_metadata, passes=passes,
+                                 after=fewest_syncs_after(minimize))
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7df6aa0f
 def fewest_syncs_start() -> GraphModule:

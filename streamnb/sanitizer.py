@@ -12,7 +12,8 @@ from typing import Any, Callable, Collection
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, validate, is_control_deps
+from .graph import (StreamnbError, StreamRegistry, check_graph_module, flat_args, get_registry, get_stream, validate,
+                            is_control_deps)
 from .streamops import (Storage, StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view,
                                 physical_stream,
                                 schema_args, storages)
@@ -145,7 +146,7 @@ class DataOrder:
 @dataclass
 class Finding:
     "One finding: its `kind`, the nodes and streams involved (the later one first) and a sentence a reader understands."
-    kind: str                     # race, unsafe_reuse, wait_without_record, reorderable, redundant_free, stall, unknown_stream, cpu_values
+    kind: str                     # race, unsafe_reuse, unjoined_output, wait_without_record, reorderable, redundant_free, stall, unknown_stream, cpu_values
     nodes: tuple                  # node names
     streams: tuple                # their streams (None: the current stream)
     message: str                  # the printout
@@ -277,6 +278,7 @@ class _Sanitizer:
             op = decode(n, self.gm)
             if op is not None: on_sync(self, n, op, st)
             elif is_kernel(n): on_kernel(self, n, st)
+            elif n.op == "output": on_output(self, n, st)
             if self.do: self.do.after[n] = st
             for t in self.frees.get(n, ()): on_free(self, t, n)
         return self.report
@@ -431,6 +433,44 @@ def _reorder_free(san: _Sanitizer, t: Block, n: Node, B) -> None:
         if acc.stream == B and not san.do.ordered(acc, A, stA):
             why, pair = _missing_link(san, acc, list(san.uses[t]), A, free=True)
             san.flag("reorderable", t, (acc.node, n), (B, A), _reorder_free_msg(t, n, acc, why), pair=pair)
+
+# %% ../nbs/07_sanitizer.ipynb #37d4af4c
+def _held(t) -> list:
+    "The Blocks in an entry of `_blocks`' store: a Block, None, or a (nested) tuple of them."
+    if isinstance(t, tuple): return [b for x in t for b in _held(x)]
+    return [t] if isinstance(t, Block) else []
+
+# %% ../nbs/07_sanitizer.ipynb #89f9803f
+def _unjoined_msg(out: Node, r: Node, t: Block, w: Access, cur) -> str:
+    via = "" if r is w.node else f" (it holds the memory of {t.name})"
+    return (f"streamnb detected an output not joined to the current stream: {out.name} returns {r.name}{via}, "
+            f"last written on {_sname(w.stream)}\n"
+            f"Access by {_sname(w.stream)} during kernel:\n{_acc_line(w)}\n"
+            f"The caller reads the outputs on the current stream ({_sname(cur)}) once the graph returns, and nothing orders "
+            f"{w.node.name} before the end of the graph there: it may read {r.name} unfinished. Add a record_event after "
+            f"{w.node.name} on {_sname(w.stream)} and a wait_event for it on the current stream before {out.name}.")
+
+# %% ../nbs/07_sanitizer.ipynb #d2691a6e
+def on_output(san: _Sanitizer, n: Node, st: dict | None = None) -> None:
+    """The caller reads every returned tensor on the current stream after the graph: its last write must be ordered
+    before. `reorder=True`: the output is the last node in every order, so every node's data-edge state counts there,
+    but a join still needs its wait to depend on its record and the record on the write."""
+    cur = san.stream(None)
+    if san.do is not None:   # after every node, not only after the output's inputs
+        st = {}
+        for after in san.do.after.values():
+            for k, v in after.items(): st[k] = st.get(k, 0) | v
+    for r in flat_args(n):
+        for t in _held(san.store.get(r)):
+            w = t.last_write   # None: a graph input nothing in the graph writes
+            if w is None or w.stream == cur: continue
+            if not san.vc.ordered(w, cur):
+                san.flag("unjoined_output", t, (n, w.node), (cur, w.stream), _unjoined_msg(n, r, t, w, cur))
+            elif san.do is not None and not san.do.ordered(w, cur, st):
+                why, pair = _missing_link(san, w, [n], cur)
+                san.flag("reorderable", t, (n, w.node), (cur, w.stream),
+                         _reorder_msg(t, Access(n, cur, 0, f"the output ({r.name}), read by the caller", False), w,
+                                      "a read by the caller after a write", why), pair=pair)
 
 # %% ../nbs/07_sanitizer.ipynb #038df16c
 def _check_args(gm, reorder, registry, current_streams, estimate) -> None:

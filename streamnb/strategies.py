@@ -14,9 +14,9 @@ from typing import Callable
 from torch.fx import GraphModule, Node
 
 # %% auto #0
-__all__ = ['NIMBLE_MAX', 'AssignError', 'Dag', 'compute_dag', 'critical_path', 'critical_path_round_robin', 'reachability',
-           'transitive_reduction', 'max_matching', 'chains_from_matching', 'min_chain_cover', 'fit_to_streams',
-           'nimble', 'list_schedule', 'proposals', 'apply_streams']
+__all__ = ['NIMBLE_MAX', 'AssignError', 'graph_part', 'in_part', 'Dag', 'compute_dag', 'critical_path',
+           'critical_path_round_robin', 'reachability', 'transitive_reduction', 'max_matching', 'chains_from_matching',
+           'min_chain_cover', 'fit_to_streams', 'nimble', 'list_schedule', 'proposals', 'apply_streams']
 
 # %% ../nbs/21_strategies.ipynb #fb9d3d36
 from .graph import check_graph_module
@@ -32,12 +32,23 @@ class AssignError(StreamnbError):
     "`assign_streams` was given a graph it cannot assign (the message names the node), or a bad argument."
 
 # %% ../nbs/21_strategies.ipynb #7c46c824
-def _placeable(n: Node) -> bool:
-    "A backward compute node whose stream the assignment decides (not a view, getitem, stream op, accumulation or copy_)."
-    return (n.op == "call_function" and is_bwd_node(n) and decode(n) is None and not is_alias(n)
-            and not is_gradient_acc(n) and n.target is not aten.copy_.default)
+def graph_part(gm: GraphModule) -> str:
+    """The part of `gm` an assignment decides: "backward" if it has a backward node (a backward or joint graph), else
+    "forward" (a forward or inference graph: every node)."""
+    return "backward" if any(n.op == "call_function" and is_bwd_node(n) for n in gm.graph.nodes) else "forward"
 
 # %% ../nbs/21_strategies.ipynb #ec63246e
+def in_part(n: Node, part: str) -> bool:
+    "Is `n` in the `part` (of `graph_part`) an assignment decides? In a forward graph every node is."
+    return is_bwd_node(n) if part == "backward" else True
+
+# %% ../nbs/21_strategies.ipynb #cf6e4b2e
+def _placeable(n: Node, part: str = "backward") -> bool:
+    "A compute node of `part` whose stream the assignment decides (not a view, getitem, stream op, accumulation or copy_)."
+    return (n.op == "call_function" and in_part(n, part) and decode(n) is None and not is_alias(n)
+            and not is_gradient_acc(n) and n.target is not aten.copy_.default)
+
+# %% ../nbs/21_strategies.ipynb #9f302484
 @dataclass
 class Dag:
     "The nodes to assign, in graph order, and the data edges between them (by index)."
@@ -46,6 +57,7 @@ class Dag:
     succs: list[list[int]]
     cost: list[float]            # ms, the roofline estimate (chapter 03)
     pinned: dict[int, int]       # node index -> the stream the user annotated (kept)
+    part: str = "backward"       # which part of the graph the nodes are: `graph_part`
     @property
     def edges(self) -> int: return sum(map(len, self.preds))
 
@@ -57,18 +69,28 @@ def _check_no_syncs(gm: GraphModule) -> None:
                               "(`without_syncs` removes bare ones)")
 
 # %% ../nbs/21_strategies.ipynb #dde9bd61
+def _check_aten(gm: GraphModule, part: str) -> None:
+    "Refuse a graph of modules and methods (`torch.fx.symbolic_trace`'s): no node of it has a value to estimate."
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "call_method") and in_part(n, part):
+            raise AssignError(f"node {n.name} is a {n.op} ({n.target}): assign_streams needs an ATen graph with "
+                              "meta['val'] (trace with make_fx or streamnb.capture, not torch.fx.symbolic_trace)")
+
+# %% ../nbs/21_strategies.ipynb #ae8d1b68
 def compute_dag(gm: GraphModule, *, device: str = "H100", keep_user: bool = True,
                 cost: Callable[[Node], float] | None = None) -> Dag:
     "The DAG of `gm`'s nodes to assign, with their costs (ms; default the roofline on `device`) and, if `keep_user`, the user's streams."
     check_graph_module(gm)
     _check_no_syncs(gm)
+    part = graph_part(gm)
+    _check_aten(gm, part)
     cost = cost or (lambda n: get_roofline_estimate(n, device=device))
     index: dict[Node, int] = {}
     up: dict[Node, tuple] = {}      # a node not to assign -> the assigned nodes whose values it passes on
-    dag = Dag([], [], [], [], {})
+    dag = Dag([], [], [], [], {}, part)
     for n in gm.graph.nodes:
         srcs = dict.fromkeys(i for a in n.all_input_nodes for i in ((index[a],) if a in index else up.get(a, ())))
-        if not _placeable(n):
+        if not _placeable(n, part):
             if srcs: up[n] = tuple(srcs)
             continue
         v = index[n] = len(dag.nodes)
@@ -217,12 +239,16 @@ NIMBLE_MAX = 4000   # nodes: above, streamnb does not ask Nimble (its bitsets gr
 
 # %% ../nbs/21_strategies.ipynb #7faab1fb
 def proposals(dag: Dag, streams: list, device: str = "H100") -> dict[str, list]:
-    "What streamnb judges: the list schedule on the first 1, 2, ... of `streams`, apex's and (small graphs) Nimble's."
+    """What streamnb judges: the list schedule on the first 1, 2, ... of `streams`, apex's and (small graphs) Nimble's on
+    all of them, then apex's and Nimble's on the first 2, 3, ...: the proposals on a prefix of `streams` are a subset."""
     demand = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
     out = {f"list schedule, {j} stream{'s' * (j > 1)}": list_schedule(dag, streams[:j], demand)
            for j in range(1, len(streams) + 1)}
-    out["critical_path"] = critical_path_round_robin(dag, streams)
-    if len(dag.nodes) <= NIMBLE_MAX: out["nimble"] = nimble(dag, streams)
+    cover = min_chain_cover(dag)[1] if len(dag.nodes) <= NIMBLE_MAX else None   # once, fitted to each prefix
+    for j in range(len(streams), 1, -1) if len(streams) > 1 else (1,):
+        at = "" if j == len(streams) else f", {j} streams"
+        out["critical_path" + at] = critical_path_round_robin(dag, streams[:j])
+        if cover is not None: out["nimble" + at] = fit_to_streams(cover, dag.cost, streams[:j])
     for choice in out.values():
         for v, s in dag.pinned.items(): choice[v] = s
     return out
@@ -235,24 +261,24 @@ def _put(n: Node, s: int | None) -> None:
     n.meta["custom"] = custom
 
 # %% ../nbs/21_strategies.ipynb #dca576f0
-def _alias_of(n: Node, keep: set[Node]) -> tuple[bool, bool]:
-    "(is a view or getitem to place, is its source a backward node)."
-    if n in keep or not (n.op == "call_function" and is_bwd_node(n) and is_alias(n)): return False, False
+def _alias_of(n: Node, keep: set[Node], part: str = "backward") -> tuple[bool, bool]:
+    "(is a view or getitem of `part` to place, is its source a computed node of `part`)."
+    if n in keep or not (n.op == "call_function" and in_part(n, part) and is_alias(n)): return False, False
     src = n.args[0] if n.target is operator.getitem else alias_source(n)
-    return True, isinstance(src, Node) and src.op == "call_function" and is_bwd_node(src)
+    return True, isinstance(src, Node) and src.op == "call_function" and in_part(src, part)
 
 # %% ../nbs/21_strategies.ipynb #dc661764
-def _follow_sources(gm: GraphModule, keep: set[Node]) -> None:
-    "Views and getitems of a backward node run on its stream."
+def _follow_sources(gm: GraphModule, keep: set[Node], part: str = "backward") -> None:
+    "Views and getitems of a computed node run on its stream."
     for n in gm.graph.nodes:
-        alias, inner = _alias_of(n, keep)
+        alias, inner = _alias_of(n, keep, part)
         if alias and inner: _put(n, get_stream(n.args[0] if n.target is operator.getitem else alias_source(n)))
 
 # %% ../nbs/21_strategies.ipynb #42d5fd0b
-def _follow_users(gm: GraphModule, keep: set[Node], default: int) -> None:
+def _follow_users(gm: GraphModule, keep: set[Node], default: int, part: str = "backward") -> None:
     "Views of the graph's inputs run on the stream of their first annotated user (else on `default`)."
     for n in reversed(list(gm.graph.nodes)):
-        alias, inner = _alias_of(n, keep)
+        alias, inner = _alias_of(n, keep, part)
         if alias and not inner: _put(n, next((s for u in n.users if (s := get_stream(u)) is not None), default))
 
 # %% ../nbs/21_strategies.ipynb #e8062b4b
@@ -264,9 +290,9 @@ def apply_streams(gm: GraphModule, dag: Dag, choice: list, keep_user: bool = Tru
     for n, s in zip(dag.nodes, choice): _put(n, s)
     accs = [n for n in gm.graph.nodes if n.op == "call_function" and is_gradient_acc(n)]
     for n in gm.graph.nodes:
-        if n not in keep and (n in accs or _alias_of(n, keep)[0]): _put(n, None)
-    _follow_sources(gm, keep)
+        if n not in keep and (n in accs or _alias_of(n, keep, dag.part)[0]): _put(n, None)
+    _follow_sources(gm, keep, dag.part)
     for n in reversed(accs):   # assign_backward_streams' rule: first annotated user, else first annotated argument
         if (s := acc_stream(n)) is not None: _put(n, s)
-    _follow_users(gm, keep, default)
-    _follow_sources(gm, keep)
+    _follow_users(gm, keep, default, dag.part)
+    _follow_sources(gm, keep, dag.part)

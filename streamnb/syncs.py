@@ -13,9 +13,11 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages, written_args
-from .graph import (StreamnbError, correction, stream_pass, validate, flat_args, get_device, get_stream,
-                            get_stream_or_current_stream, is_bwd_node, new_event, streams)
+from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages,
+                                written_args)
+from .graph import (StreamnbError, correction, stream_pass, validate, flat_args, get_current_stream, get_device,
+                            get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
+                            streams)
 
 # %% auto #0
 __all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'HostValueError', 'SeedSyncs', 'CorrectedSyncs',
@@ -57,6 +59,9 @@ class SeedSyncs:
                 f"node {producer.name}: its value ({type(producer.meta['val']).__name__}) holds no tensor but is read on "
                 f"another stream by {consumer.name}; the seed reads its device and fails (torch 2.13: AttributeError). A "
                 "host value needs no device sync: run without upstream=True")
+    def output_producers(self, gm: GraphModule) -> list[Node]:
+        "The backward nodes whose side-stream writes the graph returns, to join to the current stream: none."
+        return []
 
 # %% ../nbs/11_syncs.ipynb #8484bb8f
 class CorrectedSyncs(SeedSyncs):
@@ -78,6 +83,11 @@ class CorrectedSyncs(SeedSyncs):
                 "another: reads its `.device` and fails (`AttributeError`)", "a host value needs no device sync: "
                 "such edges get none")
     def host_values(self, edges: list[tuple[Node, Node]]) -> None: pass   # the pass skips them
+    @correction(17, "11_syncs", "a value made on a side stream and returned by the graph (a weight gradient made on "
+                "stream 1 as the backward's last node) is never joined to the current stream, on which the caller reads "
+                "it", "each side stream that last wrote a returned backward value gets one record after its last such "
+                "writer and one wait on the current stream before the output")
+    def output_producers(self, gm: GraphModule) -> list[Node]: return _output_producers(gm)
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
 def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
@@ -142,6 +152,62 @@ def _war_val_readers(war: dict[Node, list[tuple[Node, Node]]]) -> set[Node]:
                 need.update(n for n in (user, writer) if get_stream(n) is None)
     return need
 
+# %% ../nbs/11_syncs.ipynb #e72c7149
+def _last_writers(gm: GraphModule) -> tuple[dict, dict]:
+    "`storages(gm)`, and each block -> the last node in graph order that writes it: its allocation or an in-place write."
+    mem, last = storages(gm), {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or is_control_deps(n) or not _touches_memory(n): continue
+        for b in blocks(mem.get(n)):
+            if b.node is n: last[b] = n   # a fresh allocation (an in-place result's block is its argument's)
+        for t in written_args(n):
+            for b in blocks(mem.get(t)): last[b] = n
+    return mem, last
+
+# %% ../nbs/11_syncs.ipynb #c62827e1
+def _output_producers(gm: GraphModule) -> list[Node]:
+    """The backward nodes that last wrote, on a side stream, a block the graph returns (through any alias), in graph
+    order. Forward nodes (saved for backward, forward outputs) and inputs that nothing writes are left out."""
+    mem, last = _last_writers(gm)
+    reg, found = get_registry(), {}
+    for out in gm.graph.find_nodes(op="output"):
+        for r in flat_args(out):
+            for b in blocks(mem.get(r)):
+                w = last.get(b)
+                if w is not None and is_bwd_node(w) and not reg.is_current_stream(get_stream(w)): found[w] = None
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(found, key=pos.__getitem__)
+
+# %% ../nbs/11_syncs.ipynb #a76066a9
+def _joined(gm: GraphModule, producers: list[Node]) -> set[Node]:
+    "The `producers` that the current stream already waits for at the end of the graph (program order)."
+    reg, vc, seq = get_registry(), VectorClocks(), {}
+    ph = lambda i: "current" if reg.is_current_stream(i) else i
+    for n in gm.graph.nodes:
+        if (op := decode(n, gm)) is not None: vc.apply(op, ph)
+        elif n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n):
+            seq[n] = vc.launch(ph(get_stream(n)))
+    return {w for w in producers if vc.known(ph(get_stream(w)), seq[w], "current")}
+
+# %% ../nbs/11_syncs.ipynb #551d7987
+def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind: dict) -> None:
+    """Correction 17: per side stream, one record after its last `producers` node not yet joined (its own record if it has
+    one) and one wait on its device's current stream right before the output; streams in the order of those nodes."""
+    if not producers: return
+    joined, last = _joined(gm, producers), {}
+    for w in producers:   # in graph order: the last on each stream wins
+        if w not in joined and get_device(w).type != "cpu": last[(get_stream(w), get_device(w))] = w
+    pos = {w: i for i, w in enumerate(producers)}
+    out, current = gm.graph.find_nodes(op="output")[0], {}
+    for (s, dev), w in sorted(last.items(), key=lambda kv: pos[kv[1]]):
+        if (e := node_to_wait_event_ind.get(w)) is None:
+            e = node_to_wait_event_ind[w] = new_event()
+            insert_record_event_after_node(gm.graph, w, e)
+        if dev not in current: current[dev] = get_current_stream(dev)
+        with gm.graph.inserting_before(out):
+            wait = fastfx.call_function(gm.graph, streams.wait_event.default, (e, current[dev]))
+        wait.meta["partitioner_tag"] = "must_be_in_backward"
+
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
     "The seed's test for a (consumer, producer) edge that may need a sync, before the device check."
@@ -173,7 +239,8 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     war = p.write_after_read(gm)   # found before any insertion
     edges = _cross_edges(gm)
     p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
-    validate(gm, _val_readers(edges) | _war_val_readers(war))   # before any change
+    outs = p.output_producers(gm)   # returned side-stream values: none for the seed
+    validate(gm, _val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
@@ -184,3 +251,4 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
             for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":
                     _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind)
+    _join_outputs(gm, outs, node_to_wait_event_ind)   # the caller reads the outputs on the current stream

@@ -349,3 +349,102 @@ def test_correction_13_never_moves_a_copy_above_a_write_of_its_source():
     assign_epilogue_copy_streams(gm)
     names = [n.name for n in gm.graph.nodes]
     assert names.index("copy_") < names.index(wait.name)
+
+
+# ---- assign_streams on forward and inference graphs (chapter 21b) -------------------------------------------------------
+
+import copy
+import functools
+
+import torch.nn as nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.testing import assert_close
+
+from streamnb.capturing import capture, on_device, run_graph
+from streamnb.choosing import STRATEGIES, assign_streams
+from streamnb.examples import make_model
+from streamnb.minsync import run_passes_fewest_syncs
+from streamnb.sanitizer import sanitize
+from streamnb.strategies import AssignError, compute_dag, min_chain_cover
+
+
+class _Experts(nn.Module):
+    "Four independent Linear-GELU-Linear experts on one input, summed: parallel branches in an inference graph."
+    def __init__(self, d=64, hidden=128, experts=4):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+                                     for _ in range(experts))
+
+    def forward(self, x): return sum(e(x) for e in self.experts)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_graph(name):
+    "(graph, its inputs, the outputs it must give): a capture's forward, or a make_fx inference graph on the meta device."
+    if name == "make_fx_experts":
+        torch.manual_seed(0)
+        m, x = _Experts().eval(), torch.randn(32, 64)
+        with torch.no_grad():
+            gm = on_device(make_fx(m)(x), "meta")   # CPU values get no syncs (one CPU stream): a device graph
+            return gm, [x], [m(x)]
+    model, xs = make_model(name)
+    cap = capture(model, *xs)
+    flat = [*(p.detach() for p in model.parameters()), *model.buffers(), *(x.detach() for x in xs)]
+    args = [flat[j] for j in cap.primal_order]
+    return cap.forward, args, run_graph(cap.forward, *args)
+
+
+FORWARDS = ["two_branch_mlp", "side_stream_consumer", "transformer_block", "make_fx_experts"]
+MULTI = {"two_branch_mlp", "side_stream_consumer", "make_fx_experts"}   # where streamnb's estimate gains from a side stream
+
+
+@pytest.mark.parametrize("name", FORWARDS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_forward_graphs_are_assigned_race_free_and_compute_the_same(name, strategy):
+    """A forward / inference graph (no backward node) gets streams and syncs. Fails on main: nothing was assigned
+    (`streams == []`, the graph returned unchanged)."""
+    gm, args, want = forward_graph(name)
+    with use_registry(StreamRegistry(start=100, current_stream=0)) as reg:
+        g = assign_streams(copy.deepcopy(gm), strategy=strategy, keep_user=False)
+        info = g.meta["streamnb_assignment"]
+        assert info["part"] == "forward"
+        width = len(min_chain_cover(compute_dag(gm, keep_user=False))[1])   # 1: a chain (the transformer block's)
+        assert info["part"] == "forward" and (name == "transformer_block") == (width == 1)
+        if strategy in ("critical_path", "nimble"):
+            assert (len(info["streams"]) > 1) == (width > 1), info   # parallel branches: more than one stream
+        elif strategy == "streamnb":
+            assert (len(info["streams"]) > 1) == (name in MULTI), info
+        else:
+            assert info["streams"] == [0]
+        tags = {n.name: n.meta.get("partitioner_tag") for n in g.graph.nodes}
+        run_passes_fewest_syncs(g)
+        assert all(n.meta.get("partitioner_tag") == tags[n.name] for n in g.graph.nodes if n.name in tags)
+        if len(info["streams"]) > 1: assert g.meta["streamnb_syncs"][1] > 0
+        r, rr = sanitize(g, registry=reg), sanitize(g, reorder=True, registry=reg)
+        assert r.ok and rr.ok, (r, rr)
+        assert not r.warnings, r
+    assert_close(run_graph(g, *args), list(want))
+
+
+def test_streamnb_on_a_forward_is_strictly_faster_than_one_stream_where_it_goes_multi_stream():
+    "streamnb's own choice on a forward goes multi-stream where it pays (the two-branch MLP). Fails on main."
+    gm, _, _ = forward_graph("two_branch_mlp")
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        g = assign_streams(copy.deepcopy(gm), keep_user=False)
+    tried = g.meta["streamnb_assignment"]["tried"]
+    assert tried and min(ms for _, ms, _ in tried) < tried[0][1]
+
+
+def test_graphs_that_cannot_be_assigned_raise_and_stay_unchanged():
+    "A graph of modules (symbolic_trace) and a graph with nothing to assign raise. Fails on main: returned silently."
+    traced = torch.fx.symbolic_trace(_Experts())
+    before = traced.code
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        with pytest.raises(AssignError, match=r"node experts_0_0 is a call_module"):
+            assign_streams(traced)
+        assert traced.code == before and "streamnb_assignment" not in traced.meta
+        b = GraphBuilder()
+        only_view = b.output(b.op(aten.t.default, b.input("x"), name="xt"))
+        with pytest.raises(AssignError, match="no compute node to assign"):
+            assign_streams(only_view)
+        assert get_stream(next(n for n in only_view.graph.nodes if n.name == "xt")) is None

@@ -40,3 +40,127 @@ def test_forward_ctrls_stay_in_the_forward():
     bw = graphs["backward"][0]
     assert all("val" in n.meta for n in bw.graph.nodes if n.op == "placeholder")
     assert not any(n.meta.get("partitioner_tag") == "must_be_in_forward" for n in bw.graph.nodes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 27: newer PyTorch's rules for input mutations around user syncs (corrections 11, 18, 19), end to end.
+# AOTAutograd keeps an inference graph's input mutations in the graph (a write-back `copy_`) only with
+# `keep_inference_input_mutations=True`, as Inductor asks for it; `executor_backend` leaves them to the runtime wrapper.
+# ---------------------------------------------------------------------------------------------------------------
+
+from functorch.compile import make_boxed_func  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+
+from streamnb import use_streamnb_passes  # noqa: E402
+from streamnb.assign import UnorderableWriteBackError  # noqa: E402
+from streamnb.capturing import run_graph  # noqa: E402
+from test_compile import S0, S1  # noqa: E402
+
+E_OUTSIDE = torch.Event(device="cpu")   # never recorded inside the compiled function
+
+
+def run_compiled(fn, *, keep: bool, upstream: bool = False):
+    "Compile `fn(x, y)` on fresh inputs under the switch; run it once. (switch, x after the call, output)."
+    torch._dynamo.reset()
+    x, y = torch.zeros(4), torch.arange(4.0)
+    run = lambda gm, _: make_boxed_func(lambda *a: run_graph(gm, *a))
+    backend = aot_autograd(fw_compiler=run, keep_inference_input_mutations=keep)
+    with use_streamnb_passes(upstream=upstream, cpu_as="meta") as sw:
+        out = torch.compile(fn, backend=backend)(x, y)
+    return sw, x, out
+
+
+def mutate_then_wait_outside(x, y):
+    with S1: x.add_(1)
+    E_OUTSIDE.wait(S0)
+    return y * 2
+
+
+def mutate_then_synchronize_outside(x, y):
+    x.add_(1)
+    E_OUTSIDE.synchronize()
+    return y * 2
+
+
+def copies(gm):
+    return gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+
+
+@pytest.mark.parametrize("fn", [mutate_then_wait_outside, mutate_then_synchronize_outside])
+def test_correction_18_input_mutation_then_outside_event_compiles(fn):
+    """The wait (correction 12) or host sync (the seed's rule) on an event recorded before the call threads the graph's
+    inputs through; the write-back `copy_` keeps writing into the input, so `assert_functional_graph` holds (on main
+    the wait's case failed there: 'n=copy_, n.args[0]=getitem')."""
+    sw, x, out = run_compiled(fn, keep=True)
+    torch.testing.assert_close((x, out), (torch.ones(4), torch.arange(4.0) * 2))
+    (copy,) = copies(sw.graphs[0])
+    assert copy.args[0].op == "placeholder"
+
+
+def test_correction_18_the_seed_fails_on_it():
+    "`upstream=True`: the seed's `synchronize_event` rewires the write-back's destination; AOTAutograd refuses."
+    with pytest.raises(Exception, match=r"n=copy_, n.args\[0\]=getitem"):
+        run_compiled(mutate_then_synchronize_outside, keep=True, upstream=True)
+
+
+def join_then_read_input(x, y):
+    with S1: x.add_(1)
+    S0.wait_stream(S1)
+    with S0: return y * 2
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed leaves wait_stream bare"))])
+def test_correction_11_compiled_join_orders_the_waiting_streams_read_of_an_input(upstream):
+    "After `S0.wait_stream(S1)`, `y * 2` on S0 reads the graph input `y` through the join (as torch 2.13 does)."
+    sw, x, out = run_compiled(join_then_read_input, keep=True, upstream=upstream)
+    torch.testing.assert_close(out, torch.arange(4.0) * 2)
+    gm = sw.graphs[0]
+    mul = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor)[0]
+    join = mul.args[0].args[0]
+    assert join.target is torch.ops.higher_order.control_deps and "wait_stream" in join.args[1].target
+
+
+def mutate_on_side_stream_then_mutate_again(x, y):
+    with S1: x.add_(1)
+    S0.wait_stream(S1)
+    with S0: x.mul_(2)
+    return y * 2
+
+
+def copy_after_the_join(x, y):
+    with S1: t = x + 1
+    S0.wait_stream(S1)
+    with S0: x.copy_(t * 2)
+    return y * 2
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed compiles it silently"))])
+def test_correction_19_out_of_graph_write_back_before_a_join_is_refused(upstream):
+    """`x.add_(1)` on S1, then S0 joins S1: the runtime wrapper writes `x` back after the call, after the join
+    (PyTorch #197416). Newer PyTorch refuses it; so does the default, saying what to move."""
+    with pytest.raises(Exception, match="Move the barrier after the compiled function call") as e:
+        run_compiled(join_then_read_input, keep=False, upstream=upstream)
+    assert any(isinstance(c, UnorderableWriteBackError) for c in _chain(e.value))
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed compiles it silently"))])
+def test_correction_19_mutation_spanning_a_join_is_refused(upstream):
+    "`x.add_(1)` before the join and `x.mul_(2)` after: the one in-graph write-back cannot honour the join."
+    with pytest.raises(Exception, match="spans a stream barrier"):
+        run_compiled(mutate_on_side_stream_then_mutate_again, keep=True, upstream=upstream)
+
+
+def test_correction_19_a_copy_made_after_the_join_compiles():
+    "`x.copy_(t * 2)` after the join: one mutation, after the barrier; nothing to refuse, eager's numbers."
+    sw, x, out = run_compiled(copy_after_the_join, keep=True)
+    torch.testing.assert_close((x, out), (torch.full((4,), 2.0), torch.arange(4.0) * 2))
+
+
+def _chain(e):
+    "`e` and the exceptions it was raised from."
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__

@@ -760,8 +760,10 @@ def test_synchronize_device_is_a_barrier_and_clears_lists(upstream):
     gm = b.output(y, z, w)
     wrap(gm, upstream=upstream)
     dev, rec = ctrls(gm)
-    assert dev.args[0] == (y, z)
-    assert rec.args[0] == ((w,) if upstream else (dev, w))   # correction 8: w does not read the barrier's getitems
+    # correction 20: by default the barrier passes on what later work reads (`x`), so `w` reads it through the barrier,
+    # and the record, after `w`, needs no ctrl dep of its own (correction 8's chain through `w`)
+    assert dev.args[0] == ((y, z) if upstream else (y, z, x))
+    assert rec.args[0] == (w,) and (w.args[0] is x) == upstream
 
 
 @pytest.mark.parametrize("upstream", [True, False])
@@ -900,6 +902,189 @@ def test_correction_12_wait_on_an_external_event_follows_the_inputs(upstream):
     assert [d.name for d in wait.args[0]] == ["x"]          # after the graph's input ...
     neg = gm.graph.find_nodes(op="call_function", target=aten.neg.default)[0]
     assert neg.args[0].args[0] is wait                       # ... and what reads it reads it through the wait
+
+
+# Issue 27: newer PyTorch's rules (corrections 11 extended, 18). Cases replayed from PyTorch's newer
+# test/dynamo/test_streams.py (TestStreamsGeneric) on GraphBuilder graphs.
+
+def _functional(gm):
+    "AOTAutograd's own check (`assert_functional_graph`): every `copy_` writes into a graph input. None: it holds."
+    from torch._functorch._aot_autograd.functional_utils import _is_functional_graph
+    return _is_functional_graph(gm.graph)[0]
+
+
+def _input_read_after_join():
+    "Stream 1 joins stream 0 (`wait_stream(1, 0)`), then reads the graph's input `x` (torch 2.13 threads `x` through)."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    m = b.op(aten.mul.Tensor, x, x, stream=0, tag=None)
+    b.sync(streams.wait_stream.default, 1, 0)
+    return b.output(m, b.op(aten.neg.default, x, stream=1, tag=None))
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_11_wait_stream_orders_later_reads_of_graph_inputs(upstream):
+    gm = _input_read_after_join()
+    wrap(gm, upstream=upstream)
+    (ws,) = ctrls(gm)
+    neg = gm.graph.find_nodes(op="call_function", target=aten.neg.default)[0]
+    assert ws in ancestors(neg) and inner(gm, ws).target is streams.wait_stream.default
+
+
+def test_correction_11_does_at_least_what_torch_2_13_does():
+    "torch 2.13's own pass (`_collect_wait_stream_forward_deps`) orders `neg(x)` after the join too."
+    ours, theirs = _input_read_after_join(), _input_read_after_join()
+    wrap(ours); torch_streams.wrap_all_sync_nodes_with_control_deps(theirs)
+    for gm in (ours, theirs):
+        (ws,) = ctrls(gm)
+        assert ws in ancestors(gm.graph.find_nodes(op="call_function", target=aten.neg.default)[0])
+
+
+def test_correction_11_wait_stream_self_wait_orders_work_once():
+    "PyTorch's test_wait_stream_self_wait_orders_work_once: `wait_stream(1, 1)` after stream 1's work, then more."
+    b = GraphBuilder()
+    x, y = b.input("x", tag=None), b.input("y", tag=None)
+    prior = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    b.sync(streams.wait_stream.default, 1, 1)
+    following = b.op(aten.mul.Tensor, y, y, stream=1, tag=None)
+    gm = b.output(prior, following)
+    wrap(gm)
+    (ws,) = ctrls(gm)
+    assert ws.args[0].count(prior) == 1 and following.args[0].args[0] is ws
+    gm.graph.lint()
+
+
+def test_correction_11_wait_stream_later_reads_are_transitive_and_partition_scoped():
+    """PyTorch's test_wait_stream_forward_deps_are_transitive and ..._respect_partition: the waiting stream's consumer
+    reads the input through a node after the join (on the waited-on stream); a backward consumer of a backward input
+    is not ordered after a forward join."""
+    b = GraphBuilder()
+    fw_in, bw_in = b.input("fw_in", tag=None), b.input("bw_in", tag="is_backward")
+    b.sync(streams.wait_stream.default, 1, 0)
+    producer = b.op(aten.add.Tensor, fw_in, fw_in, stream=0, tag=None)
+    consumer = b.op(aten.mul.Tensor, producer, producer, stream=1, tag=None)
+    bw = b.op(aten.neg.default, bw_in, stream=1, tag="is_backward")
+    gm = b.output(consumer, bw)
+    wrap(gm)
+    ws = ctrls(gm)[0]
+    assert list(ws.args[0]) == [fw_in] and ws in ancestors(consumer)
+    assert bw.args[0] is bw_in
+
+
+@pytest.mark.parametrize("sync", ["wait_event", "wait_stream", "synchronize_event"])
+def test_correction_18_copy_keeps_its_destination(sync):
+    """`primals_1` is mutated on stream 1 (`add`, then the write-back `copy_`); a sync in between threads the graph's
+    inputs through it (correction 12's external wait, 11's join, the seed's external `synchronize_event`). The
+    `copy_` still writes into the input (AOTAutograd's `assert_functional_graph` holds); `neg` reads `primals_2`
+    through the sync. Fails on main's default for the external wait, in the seed for `synchronize_event`."""
+    b = GraphBuilder()
+    x, y = b.input("primals_1", tag=None), b.input("primals_2", tag=None)
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    b.sync(*{"wait_event": (WAIT, 3, 0), "wait_stream": (streams.wait_stream.default, 0, 1),
+             "synchronize_event": (SYNC_E, 3)}[sync])
+    neg = b.op(aten.neg.default, y, stream=0, tag=None)
+    b.op(aten.copy_.default, x, new, stream=1, tag=None)
+    gm = b.output(neg)
+    wrap(gm)
+    (ctrl,) = ctrls(gm)
+    copy = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)[0]
+    assert copy.args[0] is x and _functional(gm) is None
+    assert ctrl in ancestors(neg)
+    gm.graph.lint()
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_18_the_seeds_external_synchronize_rewires_the_copy(upstream):
+    "The seed threads every graph input through a `synchronize_event` on an event recorded outside the graph."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag=None)
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    b.sync(SYNC_E, 3)
+    b.op(aten.copy_.default, x, new, stream=1, tag=None)
+    gm = b.output(b.op(aten.neg.default, x, stream=1, tag=None))
+    wrap(gm, upstream=upstream)
+    assert _functional(gm) is None
+
+
+def test_correction_18_external_wait_orders_the_copy_through_its_source():
+    "PyTorch's test_external_wait_event_preserves_copy_destination: `copy_(dst, src)` after an external wait."
+    b = GraphBuilder()
+    dst, src = b.input("dst", tag=None), b.input("src", tag=None)
+    b.sync(WAIT, 0, 1)
+    copy = b.op(aten.copy_.default, dst, src, stream=1, tag=None)
+    gm = b.output(copy)
+    wrap(gm)
+    (ctrl,) = ctrls(gm)
+    assert copy.args[0] is dst and copy.args[1].args[0] is ctrl
+    gm.graph.lint()
+
+
+def test_correction_18_a_write_after_read_is_ordered_through_the_copys_source():
+    """Correction 6 threads an input of an in-place write through the wait that orders it: for `copy_(p1, p2)` (after
+    a read of `p1` on stream 1) the source `p2`, not the destination, as main's default did."""
+    b = GraphBuilder()
+    p1, p2 = b.input("primals_1", tag=None), b.input("primals_2", tag=None)
+    r = b.op(aten.add.Tensor, p1, p1, stream=1, tag=None)
+    b.sync(REC, 9, 1)
+    b.sync(WAIT, 9, 0)
+    copy = b.op(aten.copy_.default, p1, p2, stream=0, tag=None)
+    gm = b.output(r, copy)
+    wrap(gm)
+    wait = ctrls(gm)[1]
+    assert copy.args[0] is p1 and copy.args[1].args[0] is wait and _functional(gm) is None
+    assert sanitize(gm, reorder=True).kinds.count("reorderable") == 0
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_20_a_re_recorded_event_follows_its_previous_record(upstream):
+    "Event 5 recorded on stream 1, then again on stream 2: CUDA keeps the last record, so the order must stay."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    a = b.op(aten.neg.default, x, stream=1, tag=None)
+    b.sync(REC, 5, 1)
+    c = b.op(aten.sin.default, x, stream=2, tag=None)
+    b.sync(REC, 5, 2)
+    b.sync(WAIT, 5, 0)
+    gm = b.output(b.op(aten.add.Tensor, a, c, stream=0, tag=None))
+    wrap(gm, upstream=upstream)
+    rec1, rec2, wait = ctrls(gm)
+    assert rec1 in ancestors(rec2) and rec2 in ancestors(wait)
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+@pytest.mark.parametrize("sync", ["synchronize_stream", "synchronize_device", "synchronize_event"])
+def test_correction_20_a_host_barrier_orders_later_reads(sync, upstream):
+    """PyTorch's test_full_barrier_forward_deps_respect_partition: after a host barrier, forward work reading a graph
+    input reads it through the barrier; backward work (another partition) is left alone."""
+    b = GraphBuilder()
+    fw_in, bw_in = b.input("fw_input", tag=None), b.input("bw_input", tag="is_backward")
+    if sync == "synchronize_event":
+        b.op(aten.cos.default, fw_in, stream=1, tag=None)
+        b.sync(REC, 4, 1)
+    b.sync(*{"synchronize_stream": (streams.synchronize_stream.default, 0),
+             "synchronize_device": (streams.synchronize_device.default, "cuda", 0),
+             "synchronize_event": (SYNC_E, 4)}[sync])
+    fw = b.op(aten.add.Tensor, fw_in, fw_in, stream=0, tag=None)
+    bw = b.op(aten.add.Tensor, bw_in, bw_in, stream=0, tag="is_backward")
+    gm = b.output(fw, bw)
+    wrap(gm, upstream=upstream)
+    barrier = ctrls(gm)[-1]
+    assert barrier in ancestors(fw) and fw_in in barrier.args[0]
+    assert bw.args[0] is bw_in
+
+
+def test_correction_20_a_barrier_with_nothing_before_it_is_still_an_anchor():
+    "Two host barriers in a row, then `cos(x)`: both are wrapped, the second after the first, `cos` after both."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    b.sync(streams.synchronize_device.default, "cuda", 0)
+    b.sync(streams.synchronize_stream.default, 1)
+    b.op(aten.sin.default, x, stream=1, tag=None)
+    gm = b.output(b.op(aten.cos.default, x, stream=1, tag=None))
+    wrap(gm)
+    d1, d2 = ctrls(gm)
+    cos = gm.graph.find_nodes(op="call_function", target=aten.cos.default)[0]
+    assert d1 in ancestors(d2) and d2 in ancestors(cos)
 
 
 def test_empty_graph():
