@@ -29,9 +29,9 @@ from .streamops import decode
 
 # %% auto #0
 __all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
-           'CPUStream', 'CPUEvent', 'cpu_streams', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs',
-           'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter', 'run_graph', 'Capture', 'capture',
-           'eager']
+           'CPUStream', 'CPUEvent', 'cpu_streams', 'tag_custom_backward', 'on_device', 'graph_streams',
+           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter',
+           'run_graph', 'Capture', 'capture', 'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -64,6 +64,8 @@ class CPUEvent(torch.Event):
     def query(self) -> bool: return True
     def elapsed_time(self, end) -> float: return 0.0
 
+_CURRENT: CPUStream | None = None            # the CPU stand-in for the current stream
+
 @contextlib.contextmanager
 def cpu_streams(eager: bool = False):
     """Trace (or, with `eager=True`, run) programs written with stream objects on a machine without an accelerator, numbered
@@ -71,7 +73,9 @@ def cpu_streams(eager: bool = False):
     if torch.accelerator.is_available(): yield None; return
     import torch._dynamo.variables.streams as S
     acc = importlib.import_module("torch.accelerator")
-    current = CPUStream(device="cpu")
+    global _CURRENT                         # one for the process: dynamo's table holds it weakly, compiled code looks it up later
+    if _CURRENT is None: _CURRENT = CPUStream(device="cpu")
+    current = _CURRENT
     init = S.SymbolicStreamState.__init__
     def state_init(self):                   # dynamo registers the ambient stream (index 0) if there is an accelerator
         with mock.patch.object(torch.accelerator, "is_available", lambda: True): init(self)
@@ -146,6 +150,30 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
         finally:
             if frontend == "dynamo": torch._dynamo.reset()
     return got
+
+# %% ../nbs/16_capture.ipynb #1e70cff4
+_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
+
+def _read_by_forward(gm: GraphModule) -> set:
+    "The nodes a forward-tagged node reads, directly or through others (and the forward nodes themselves)."
+    seen, todo = set(), [n for n in gm.graph.nodes if n.meta.get("partitioner_tag") in _FORWARD_TAGS]
+    while todo:
+        n = todo.pop()
+        if n in seen: continue
+        seen.add(n); todo += n.all_input_nodes
+    return seen
+
+def tag_custom_backward(gm: GraphModule) -> list:
+    """Tag the untagged backward nodes of joint graph `gm` (a custom `autograd.Function`'s backward under dynamo):
+    `must_be_in_backward` for stream ops, `is_backward` for the rest; in place; the nodes tagged, in graph order."""
+    check_graph_module(gm)
+    from torch._functorch.partitioners import _is_tangent
+    if not any(_is_tangent(n) for n in gm.graph.find_nodes(op="placeholder")): return []   # not a joint graph
+    forward = _read_by_forward(gm)
+    tagged = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output") and n not in forward
+              and n.meta.get("partitioner_tag") is None]
+    for n in tagged: n.meta["partitioner_tag"] = "must_be_in_backward" if decode(n, gm) is not None else "is_backward"
+    return tagged
 
 # %% ../nbs/16_capture.ipynb #461161c2
 def on_device(gm: GraphModule, device: str = "meta") -> GraphModule:
@@ -356,6 +384,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
             again = None
         if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
     joint, meta = got["joint"], got["fw_metadata"]
+    if used == "dynamo": tag_custom_backward(joint)       # a custom autograd.Function's backward: its tags
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
         raise CaptureError(f"{name} mutates an input or buffer (e.g. BatchNorm's running stats in training mode): "
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")

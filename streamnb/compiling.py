@@ -18,13 +18,14 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
-from .streamops import reserve_indices_in_use
+from .streamops import decode, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
-from .capturing import run_graph
+from .capturing import add_control_deps_vals, run_graph, tag_custom_backward
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
-           'DynamoRegistry', 'values_on', 'use_streamnb_passes', 'executor_backend', 'canonical_modulo_inputs']
+           'DynamoRegistry', 'traced_current_stream', 'values_on', 'use_streamnb_passes', 'executor_backend',
+           'canonical_modulo_inputs']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -79,9 +80,12 @@ def dynamo_current_stream(device: torch.device | str | None = None) -> int:
 class DynamoRegistry(StreamRegistry):
     """A `StreamRegistry` whose new event and current-stream indices are dynamo's, so that the compiled runtime finds
     them; never one of `reserved` (those the graph already uses)."""
-    def __init__(self, pin_current: bool = True):
+    def __init__(self, pin_current: bool = True, traced_current: int | None = None):
         super().__init__(start=0)
-        self.pin_current = pin_current
+        self.pin_current, self.traced_current = pin_current, traced_current
+        if traced_current is not None:                # dynamo's own: the ambient current stream at trace time
+            self.current_streams[traced_current] = None
+            if pin_current: self.pinned_current = traced_current
 
     def _take(self, make: Callable[[], int]) -> int:
         i = make()
@@ -102,6 +106,20 @@ class DynamoRegistry(StreamRegistry):
 
     def __repr__(self):
         return f"DynamoRegistry(events={self.events}, current_streams={sorted(self.current_streams)})"
+
+def _registered_as_current(index: int) -> bool:
+    "Did dynamo register `index` as the ambient current stream (a `CurrentStreamSource`)? What a CPU stand-in leaves."
+    from torch._dynamo import graph_bytecode_inputs as B
+    from torch._dynamo.source import CurrentStreamSource
+    cells = getattr(B.index_to_bytecode_constructor.get(index), "__closure__", None) or ()
+    return any(isinstance(c.cell_contents, CurrentStreamSource) for c in cells)
+
+def traced_current_stream() -> int | None:
+    """The index dynamo gave the ambient current stream when it traced (an accelerator is available, or a stand-in such
+    as `capturing.cpu_streams` made dynamo register one), else None."""
+    from torch._dynamo.graph_bytecode_inputs import CURRENT_STREAM_INDEX
+    if torch.accelerator.is_available() or _registered_as_current(CURRENT_STREAM_INDEX): return CURRENT_STREAM_INDEX
+    return None
 
 # %% ../nbs/20_compile.ipynb #20e8f23c
 def _to(v, device: torch.device):
@@ -139,11 +157,15 @@ class use_streamnb_passes(contextlib.ContextDecorator):
     def _run(self, name: str, gm: GraphModule, *args):
         k = next((i for i, g in enumerate(self.graphs) if g is gm), None)
         if k is None:                                 # the first pass on this graph
-            self.graphs.append(gm); self.registries.append(DynamoRegistry(pin_current=not self.upstream))
+            self.graphs.append(gm)
+            self.registries.append(DynamoRegistry(pin_current=not self.upstream, traced_current=traced_current_stream()))
             k = len(self.graphs) - 1
+            tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as):
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
+        if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
+            add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
 
     def _pass(self, name: str) -> Callable:
         def streamnb_pass(gm, *args): return self._run(name, gm, *args)

@@ -117,7 +117,7 @@ def dealloc_exercise_solution(gm: GraphModule) -> GraphModule:
 
 # %% ../nbs/13_control_deps.ipynb #fb5d418c
 def two_consumers() -> GraphModule:
-    "Chapter 13's exercise graph: `p` (stream 1) read by `c0` (stream 0) and `c2` (stream 2); syncs in, unwrapped."
+    "Chapter 13's exercise graph: `p` (stream 1) read by `c0` (stream 0) and `c2` (stream 2), `c2` joined to stream 0; syncs in, unwrapped."
     b = GraphBuilder(shape=(1024, 1024))
     x, w = b.input("x"), b.input("w")
     p = b.op(aten.mm.default, x, w, stream=1, name="p")
@@ -126,13 +126,15 @@ def two_consumers() -> GraphModule:
     c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
     b.sync(streams.wait_event.default, 1, 2)
     c2 = b.op(aten.neg.default, p, stream=2, name="c2")
+    b.sync(streams.record_event.default, 2, 2)   # c2 is returned: the caller's stream 0 waits for it
+    b.sync(streams.wait_event.default, 2, 0)
     return b.output(c0, c2, p)
 
 # %% ../nbs/13_control_deps.ipynb #daddaf4e
 def control_deps_exercise():
     "Chapter 13's exercise: wrap the syncs of `two_consumers` so that no order of the data edges races."
     return Exercise(title="Pin both consumers",
-                    task="Wrap the record and both waits with `wrap_by_hand` so that no order of the data edges races.",
+                    task="Wrap the records and the waits with `wrap_by_hand` so that no order of the data edges races.",
                     start=two_consumers, solution=lambda gm: two_consumers_solution(gm), reorder=True)
 
 # %% ../nbs/13_control_deps.ipynb #6efcc197
@@ -142,7 +144,9 @@ def two_consumers_solution(gm: GraphModule) -> GraphModule:
     check_graph_module(gm)
     return wrap_by_hand(gm, {"record_event_default": ["p"],
                              "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem
-                             "wait_event_default_1": ["record_event_default", "p"]})  # p: wait_event_default's getitem
+                             "wait_event_default_1": ["record_event_default", "p"],   # p: wait_event_default's getitem
+                             "record_event_default_1": ["c2"],                        # the join of c2 (returned)
+                             "wait_event_default_2": ["record_event_default_1", "c0"]})
 
 # %% ../nbs/14_metadata.ipynb #e02c84ee
 def mutating_forward(b=None):
@@ -155,6 +159,7 @@ def mutating_forward(b=None):
     new_x = b.op(aten.mul.Tensor, x, x, stream=1, tag="is_forward")
     new_y = b.op(aten.add.Tensor, y, y, tag="is_forward")
     out = b.op(aten.sin.default, z, stream=2, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 2, tag="is_forward")   # the user output, joined by the program
     return b, (x, y), (new_x, new_y, out)
 
 # %% ../nbs/14_metadata.ipynb #20939c5c

@@ -18,7 +18,7 @@ from .examples import on_stream
 
 # %% auto #0
 __all__ = ['STYLES', 'PATTERNS', 'TwoStyles', 'MoESharedExpert', 'ParallelBlock', 'DualNorm', 'BatchPrefetch', 'WeightPrefetch',
-           'ActivationCopy', 'AsyncGradReduce', 'Pattern', 'build', 'explain_pattern']
+           'ActivationCopy', 'AsyncGradReduce', 'Pattern', 'build', 'explain_pattern', 'compile_pattern']
 
 # %% ../nbs/17a_patterns.ipynb #6c90f1a5
 STYLES = ("annotate", "objects")
@@ -206,3 +206,23 @@ def explain_pattern(name: str, style: str, **kwargs):
     from streamnb.explainer import explain
     model, inputs = build(name, style)
     return explain(model, *inputs, **kwargs)
+
+# %% ../nbs/17a_patterns.ipynb #f99d6391
+def compile_pattern(name: str, style: str) -> dict:
+    """Compile the pattern with `torch.compile` under `use_streamnb_passes` (default mode), run forward and backward once;
+    the outputs, the parameters' grads, the compiled graphs and the sanitizer's reports on them."""
+    from streamnb.compiling import executor_backend, use_streamnb_passes
+    from streamnb.sanitizer import sanitize
+    model, inputs = build(name, style)
+    graphs: dict = {}
+    torch._dynamo.reset()
+    with cpu_streams(), use_streamnb_passes(cpu_as="meta") as switch:
+        compiled = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)
+        xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+        out = compiled(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+    (registry,) = switch.registries
+    reports = {kind: sanitize(gms[0], registry=registry) for kind, gms in graphs.items()}
+    return dict(model=model, inputs=inputs, outputs=outs, grads={n: p.grad for n, p in model.named_parameters()},
+                graphs=graphs, reports=reports)

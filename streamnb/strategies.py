@@ -35,6 +35,7 @@ class AssignError(StreamnbError):
 def graph_part(gm: GraphModule) -> str:
     """The part of `gm` an assignment decides: "backward" if it has a backward node (a backward or joint graph), else
     "forward" (a forward or inference graph: every node)."""
+    check_graph_module(gm)
     return "backward" if any(n.op == "call_function" and is_bwd_node(n) for n in gm.graph.nodes) else "forward"
 
 # %% ../nbs/21_strategies.ipynb #ec63246e

@@ -18,7 +18,7 @@ from functorch.compile import aot_function, aot_module, make_boxed_func
 from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index
 
 import oracle
-from streamnb.capturing import capture, eager, run_graph
+from streamnb.capturing import capture, cpu_streams, eager, run_graph
 from streamnb.pipeline import STREAM_PASSES
 from streamnb.compiling import (DynamoRegistry, UnsupportedTorchError, canonical_modulo_inputs,
                                 check_call_sites, executor_backend, use_streamnb_passes, values_on)
@@ -186,12 +186,14 @@ def test_compile_annotated_models(name):
 
 
 def test_compile_stream_objects():
+    "Under `cpu_streams` dynamo numbers as on a GPU: the ambient current stream 0 (the registry's), S1 and S2 1 and 2."
     xs = two_blocks_inputs()
-    sw, graphs, out, grads, _ = compile_and_run(two_blocks, xs, cpu_as="meta")
+    with cpu_streams() as current:       # (kept alive: dynamo's table holds it weakly, at index 0)
+        sw, graphs, out, grads, _ = compile_and_run(two_blocks, xs, cpu_as="meta")
     assert_eager(two_blocks, xs, out, grads, {})
     reg = sw.registries[0]
-    assert annotated_streams(sw.graphs[0]) == {0, 1}
-    assert isinstance(get_external_object_by_index(0), torch.Stream)     # dynamo's own: S1 and S2
+    assert annotated_streams(sw.graphs[0]) == {1, 2} and reg.pinned_current == 0
+    assert isinstance(get_external_object_by_index(1), torch.Stream)     # dynamo's own: S1 and S2
     assert_resolved(reg)
     assert canonical_modulo_inputs(sw.graphs[0]) == canonical_modulo_inputs(processed_joint(two_blocks, xs, reg))
 
@@ -217,7 +219,8 @@ def test_indices_resolve_at_run_time():
             out = torch.compile(two_blocks, backend="aot_eager")(*[x.detach().requires_grad_() for x in xs])
         out.sum().backward()
     with pytest.raises(RuntimeError, match="cpu backend doesn't support events"): run()
-    with mock.patch("streamnb.compiling.DynamoRegistry", lambda pin_current: StreamRegistry(start=100, current_stream=0)):
+    with mock.patch("streamnb.compiling.DynamoRegistry",
+                    lambda pin_current, traced_current=None: StreamRegistry(start=100, current_stream=0)):
         with pytest.raises(AssertionError, match="Index not registered in index_to_user_object_weakref"): run()
 
 

@@ -57,9 +57,15 @@ def test_missing_wait_is_a_race():
     insert(a, REC, 1, 1, after="a")            # the record alone orders nothing
     g = check(EX, a)
     assert not g.ok
-    assert g.report is not None and [e.kind for e in g.report.errors] == ["race"]
+    # a, made on stream 1, is also returned: the caller reads it on stream 0 unjoined (the worked solution's wait,
+    # before c, joins it for both)
+    assert g.report is not None and [(e.kind, e.nodes) for e in g.report.errors] == \
+        [("race", ("c", "a")), ("unjoined_output", ("output", "a"))]
     assert any(p.startswith("race on a: c (stream 0) and a (stream 1)") and
                p.endswith("Fix: record an event on stream 1 after a and wait for it on stream 0 before c")
+               for p in g.problems), g.problems
+    assert any(p.startswith("unjoined output: a makes a on stream 1 and the graph returns it") and
+               p.endswith("Fix: record an event on stream 1 after a and wait for it on stream 0 before the output")
                for p in g.problems), g.problems
 
 
@@ -67,10 +73,13 @@ def test_early_free_is_unsafe_reuse():
     a = DEALLOC_EX.start()                     # no sync_dealloc: a goes back to stream 0's pool while b reads it
     g = DEALLOC_EX.check(a)
     assert not g.ok
-    assert [e.kind for e in g.report.errors] == ["unsafe_reuse"]
-    (p,) = g.problems
+    # b, made on stream 1, is returned and nothing joins it to stream 0 either: the solution's sync_dealloc (a wait on
+    # stream 0 for b's event) orders both the free and the caller's read
+    assert [e.kind for e in g.report.errors] == ["unsafe_reuse", "unjoined_output"]
+    p, q = g.problems
     assert p.startswith("unsafe reuse: a's memory goes back to stream 0's pool") and "b (stream 1)" in p
     assert "Fix: record an event on stream 1 after b and free a only once it has happened" in p
+    assert q.startswith("unjoined output: b makes b on stream 1 and the graph returns it") and "stream 0" in q
 
 
 def test_wait_on_unknown_event():
@@ -135,8 +144,11 @@ def test_reorder_hazard_only_when_asked():
     # the wait depends on nothing: program order alone keeps c after it
     ex = Exercise("r", "t", two_streams, solve, reorder=True, cost=ABC_COST)
     g = ex.check(ex.best())
-    assert [e.kind for e in g.report.errors] == ["reorderable"] and not g.ok
+    # a is returned too: the caller's read of a (the output) hangs on the same loose record
+    assert [(e.kind, e.nodes) for e in g.report.errors] == [("reorderable", ("c", "a")), ("reorderable", ("output", "a"))]
+    assert not g.ok
     assert g.problems[0].startswith("reorder hazard on a: c and a are ordered only by program order")
+    assert g.problems[1].startswith("reorder hazard on a: output and a are ordered only by program order")
     assert EX.check(EX.best()).ok
 
 
@@ -236,6 +248,11 @@ def _wrap(spec):
     return lambda gm: wrap_by_hand(gm, spec)
 
 
+def _join(gm, event, stream):
+    from streamnb.course import join_before_output
+    return join_before_output(gm, event, stream)
+
+
 def _syncs_then(*steps):
     from streamnb.syncs import insert_backward_syncs
     return (*steps, lambda gm: insert_backward_syncs(gm))
@@ -261,10 +278,12 @@ WRONG = {
          ["makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle", "move it later"]),
     ],
     "course.acc_exercise": [
+        # correction 17 joins the returned side-stream values (neg on 1, mm on 2) to stream 0: the worked solution has
+        # 5 syncs (record neg, wait on 2, record after mm, and a wait on 0 for each), each wrong answer 8
         ("acc on the main stream", _edit(*_syncs_then(_stream("acc", 0))),
-         ["4 syncs more than needed (6; the worked solution has 2)", "Fix: remove"]),
+         ["3 syncs more than needed (8; the worked solution has 5)", "Fix: remove"]),
         ("acc on neg's stream", _edit(*_syncs_then(_stream("acc", 1))),
-         ["2 syncs more than needed (4; the worked solution has 2)", "wait_event_default (wait_event on stream 1)"]),
+         ["3 syncs more than needed (8; the worked solution has 5)", "wait_event_default (wait_event on stream 1)"]),
         ("acc on stream 2, no syncs", _edit(_stream("acc", 2)),
          ["race on neg: acc (stream 2) and neg (stream 1)", "before acc"]),
     ],
@@ -277,9 +296,12 @@ WRONG = {
         ("sin and cos moved to neg's stream", _edit(_stream("sin", 1), _stream("cos", 1),
                                                     _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
          ["work changed: node sin runs on stream 1 instead of stream 2", "put it back on stream 2"]),
+        # sin and cos (stream 2) are returned: joined to stream 0 as the task says, so the extra wait is the only mistake;
+        # the worked solution (correction 17) has 5 syncs: 3, and the join's record and wait
         ("a wait per consumer", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul"),
-                                      _ins(WAIT, 1, 2, before="sin"), _ins(WAIT, 1, 2, before="cos")),
-         ["1 sync more than needed (4; the worked solution has 3): wait_event_default_2 (wait_event on stream 2)"]),
+                                      _ins(WAIT, 1, 2, before="sin"), _ins(WAIT, 1, 2, before="cos"),
+                                      _ins(REC, 2, 2, after="cos"), _call(lambda gm: _join(gm, 2, 0))),
+         ["1 sync more than needed (6; the worked solution has 5): wait_event_default_2 (wait_event on stream 2)"]),
         ("stream 2 forgotten", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
          ["race on neg: sin (stream 2) and neg (stream 1)", "wait for it on stream 2 before sin"]),
     ],
@@ -306,8 +328,10 @@ WRONG = {
         ("no waits", _edit(), ["race on mul: copy_ (stream 0) and mul (stream 1)", "before copy_"]),
         ("waits for the wrong stream", _edit(_ins(WAIT_STREAM, 0, 2, before="copy_")),
          ["race on mul: copy_ (stream 0) and mul (stream 1)"]),
+        # the start graph already joins sin (stream 2, returned) to stream 0 with wait_stream_default: one sync more on
+        # both sides, and the second wait for stream 1 is the one too many
         ("a wait before each copy", _edit(_ins(WAIT_STREAM, 0, 1, before="copy_"), _ins(WAIT_STREAM, 0, 1, before="copy__1")),
-         ["1 sync more than needed (2; the worked solution has 1): wait_stream_default_1 (wait_stream on stream 0, stream 1)"]),
+         ["1 sync more than needed (3; the worked solution has 2): wait_stream_default_2 (wait_stream on stream 0, stream 1)"]),
         ("synchronize the device first", _edit(_ins(SYNC_DEV, before="copy_")),
          ["node synchronize_device_default: synchronize_device " + HOST, "wait_event(e, 0) before copy_"]),
     ],
@@ -319,7 +343,8 @@ WRONG = {
          ["unsafe reuse: ln2_grad's memory goes back to stream 2's pool"]),
     ],
     "minsync.fewest_syncs_exercise": [
-        ("left as it is", _edit(), ["1 sync more than needed (11; the worked solution has 10): wait_event_default_1"]),
+        # c2, returned from stream 2, is joined to stream 0 (correction 17): a record and a wait more on both sides
+        ("left as it is", _edit(), ["1 sync more than needed (13; the worked solution has 12): wait_event_default_1"]),
         ("a needed wait removed", _edit(_rm("wait_event_default")),
          ["race on q: c1 (stream 2) and q (stream 1)", "before c1"]),
         ("waits swapped for a host sync", _edit(_rm("wait_event_default"), _rm("wait_event_default_1"),

@@ -77,7 +77,11 @@ def test_processed_graph():
     gm.graph.lint()
     assert not any(n.target in (streams.record_event.default, streams.wait_event.default)
                    for n in gm.graph.nodes if n.op == "call_function")       # all wrapped
-    assert sum(is_control_deps(n) for n in gm.graph.nodes) == 6
+    # 6 as before + 2: add (stream 1) is returned, so correction 17 joins it to the caller's stream 0 (a record after
+    # add, a wait right before the output), both wrapped
+    assert sum(is_control_deps(n) for n in gm.graph.nodes) == 8
+    out = gm.graph.find_nodes(op="output")[0]
+    assert is_control_deps(out.prev) and out.prev.args[1].target.startswith("subgraph_wait_event")
     assert next(n for n in gm.graph.nodes if n.name == "add").meta["custom"]["stream"] == 1   # grad acc assigned
     assert sum(n.target is streams.sync_dealloc.default for n in gm.graph.nodes) == 2
 

@@ -4,7 +4,8 @@ torch 2.13 hands out a fresh current-stream index for every lookup (tests/oracle
 graphs name stream indices no streamnb registry knows: a `wait_event(10, 11)` before an unannotated consumer. With
 default arguments the sanitizer must report no race or unsafe reuse that an exact happens-before check (`exact`
 below, told the truth by the counter's log) would not; it warns about the indices instead. CPU tensors never race.
-And a real race (one wait removed from such a graph) is still reported.
+And a real race (one wait removed from such a graph) is still reported. The caller reads the outputs on the current
+stream: a returned side-stream value that nothing joins there is an `unjoined_output`, checked against `exact_unjoined`.
 
 `exact` is a reference written for these tests: per node the set of nodes that happen before it (program order per
 stream, record -> wait, wait_stream, host syncs), then every pair of conflicting accesses on two streams and every use
@@ -108,11 +109,55 @@ def exact(gm, current=()) -> tuple[set, set]:
     return races, reuses
 
 
-def false_reports(rep, truth) -> list:
-    "The race and unsafe_reuse errors of `rep` the exact check does not confirm."
+def exact_unjoined(gm, current=()):
+    """{("output", w)} for every write `w` to a block the graph returns, on a stream other than the current one, that no
+    happens-before path orders before the end of the current stream (or a host sync): the caller reads the outputs on
+    the current stream once the graph returns. `current` as in `exact`."""
+    phys = lambda i: CUR if i is None or i in current else i
+    nodes = list(gm.graph.nodes); pos = {n: i for i, n in enumerate(nodes)}
+    mem = storages(gm)
+    before, last, rec, acc = {}, {}, {}, {}
+    host = 0
+    def on(n, s, extra=0):
+        before[n] = (1 << pos[n]) | host | extra | (before[last[s]] if s in last else 0); last[s] = n
+    out = set()
+    for n in nodes:
+        op = decode(n, gm)
+        if op is not None:
+            k = op.kind
+            if k == "record_event": on(n, phys(op.stream)); rec[op.event] = n
+            elif k in ("wait_event", "sync_dealloc"): on(n, phys(op.stream), before[rec[op.event]] if op.event in rec else 0)
+            elif k == "wait_stream":
+                b = phys(op.streams[1]); on(n, phys(op.streams[0]), before[last[b]] if b in last else 0)
+            elif k == "synchronize_event": host |= before[rec[op.event]] if op.event in rec else 0
+            elif k == "synchronize_stream": host |= before.get(last.get(phys(op.stream)), 0)
+            elif k == "synchronize_device":
+                for m in last.values(): host |= before[m]
+        elif n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n) and not is_view(n):
+            s = phys(_stream(n)); on(n, s)
+            touched = [st for st in _flat(mem.get(n)) if st.node is n]
+            for i, a in enumerate(n.target._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    for m in _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(a.name)):
+                        touched += _flat(mem.get(m))
+            for st in touched:
+                if not _on_cpu(st): acc.setdefault(st, []).append((n, s))
+        elif n.op == "output":
+            end = host | (before[last[CUR]] if CUR in last else 0)
+            for leaf in _leaves(n.args):
+                for st in _flat(mem.get(leaf)):
+                    for w, s in acc.get(st, ()):
+                        if s != CUR and not end >> pos[w] & 1: out.add(("output", w.name))
+    return out
+
+
+def false_reports(rep, truth, unjoined: set | None = None) -> list:
+    """The race and unsafe_reuse errors of `rep` the exact check does not confirm; with `unjoined` (`exact_unjoined`'s
+    answer) the unjoined_output errors it does not confirm too."""
     races, reuses = truth
     return [e for e in rep.errors if (e.kind == "race" and e.nodes not in races)
-            or (e.kind == "unsafe_reuse" and e.nodes not in reuses)]
+            or (e.kind == "unsafe_reuse" and e.nodes not in reuses)
+            or (e.kind == "unjoined_output" and unjoined is not None and e.nodes not in unjoined)]
 
 
 # ---- graphs from PyTorch's passes
@@ -179,16 +224,25 @@ def test_issue_example():
     assert exact(gm, cur) == (set(), set())
     rep = sanitize(gm)
     assert rep.ok and rep.kinds == ["unknown_stream"] and rep.warnings[0].streams == (11,)
-    assert [e.kind for e in rep.warnings[0].if_separate] == ["race"]
-    assert sanitize(gm, current_streams=()).kinds == ["race"]                # the report before: a race that is not there
+    assert exact_unjoined(gm, cur) == set() and exact_unjoined(gm, ()) == {("output", "mul")}
+    # taken as a stream of its own, index 11's wait orders neither add nor the caller's read of mul (returned) after mul
+    assert [e.kind for e in rep.warnings[0].if_separate] == ["race", "unjoined_output"]
+    # the report before: a race, and an unjoined output, that are not there
+    assert sanitize(gm, current_streams=()).kinds == ["race", "unjoined_output"]
 
 
 @pytest.mark.parametrize("mode,n", [("gpu", N_GRAPHS), ("cpu", 40)])
 def test_no_false_reports_with_default_arguments(mode, n):
+    # torch 2.13 joins no returned side-stream value to the current stream, where the caller reads it: every
+    # unjoined_output must be one the exact check confirms too (the returned block's write is ordered before the end
+    # of the current stream by no happens-before path)
+    unjoined = 0
     for seed, gm, cur, truth, rep, _ in verdicts(mode, n):
-        bad = false_reports(rep, truth)
+        bad = false_reports(rep, truth, exact_unjoined(gm, cur))
         assert not bad, f"seed {seed}: {bad[0].message}"
-        assert {e.kind for e in rep.errors} <= {"race", "unsafe_reuse"}, f"seed {seed}: {rep}"
+        assert {e.kind for e in rep.errors} <= {"race", "unsafe_reuse", "unjoined_output"}, f"seed {seed}: {rep}"
+        unjoined += "unjoined_output" in rep.kinds
+    assert unjoined >= n // 10, unjoined          # they occur: PyTorch's passes leave side-stream outputs unjoined
 
 
 def test_the_old_default_reported_races_that_are_not_there():
@@ -219,11 +273,12 @@ def test_with_the_true_registry_it_agrees_with_the_exact_check():
     seen = set()
     for seed, gm, cur, truth, rep, _ in verdicts("gpu", N_GRAPHS):
         told = sanitize(gm, registry=true_registry(cur))
-        assert not false_reports(told, truth), f"seed {seed}"
-        for kind, pairs in zip(("race", "unsafe_reuse"), truth):
+        unjoined = exact_unjoined(gm, cur)
+        assert not false_reports(told, truth, unjoined), f"seed {seed}"
+        for kind, pairs in zip(("race", "unsafe_reuse", "unjoined_output"), (*truth, unjoined)):
             assert (kind in told.kinds) == bool(pairs), f"seed {seed}: {kind}: exact {sorted(pairs)}\n{told}"
             if pairs: seen.add(kind)
-    assert seen == {"race", "unsafe_reuse"}      # PyTorch 2.13's defects 1 and 2 occur in these graphs
+    assert seen == {"race", "unsafe_reuse", "unjoined_output"}   # PyTorch 2.13's defects 1 and 2, and unjoined outputs
 
 
 def assumed(gm) -> set:

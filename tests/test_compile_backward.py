@@ -1,0 +1,195 @@
+"""Issue 27: custom `autograd.Function` backwards, control_deps values and dynamo's current stream under the switch.
+
+Dynamo traces a custom Function as `autograd_function_apply`: the nodes of its backward body keep their stream but
+lose `partitioner_tag`, so on main's code the compiled backward gets no syncs for them while `explain` (which traces
+with `aot_function`) reports syncs. Stream objects on a CPU: tracing patches `torch.accelerator.is_available` (and the
+current stream), as `capturing.cpu_streams()` will; dynamo then registers the ambient current stream at index 0."""
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+
+from test_compile import assert_eager, compile_and_run
+from streamnb.compiling import DynamoRegistry, tag_custom_backward
+from streamnb.exercises import count_syncs
+from streamnb.explainer import explain
+from streamnb.graph import is_bwd_node, is_control_deps
+from streamnb.sanitizer import sanitize
+from streamnb.streamops import decode
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")
+
+CUR, S = torch.Stream(device="cpu"), torch.Stream(device="cpu")
+
+
+@contextlib.contextmanager
+def accelerator():
+    "Trace as on an accelerator: dynamo registers the ambient current stream (CUR) at index 0."
+    with mock.patch("torch.accelerator.is_available", lambda: True), \
+         mock.patch("torch.accelerator.current_stream", lambda device=None: CUR):
+        yield
+
+
+class AnnotatedBackward(torch.autograd.Function):
+    "A custom backward that runs the input gradient in an annotated region on stream 1."
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w); return x @ w
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        with torch.fx.traceback.annotate({"stream": 1}):
+            gx = g @ w.t()
+        return gx, x.t() @ g
+
+
+class StreamBackward(torch.autograd.Function):
+    "A custom backward with a stream object, joined back with `wait_stream` (a user sync inside the backward)."
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w); return x @ w
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        with S:
+            gx = g @ w.t()
+        S.wait_stream(S)
+        return gx, x.t() @ g
+
+
+def annotated(x, w): return torch.relu(AnnotatedBackward.apply(x, w))
+def with_stream(x, w): return torch.relu(StreamBackward.apply(x, w))
+
+
+def inputs():
+    torch.manual_seed(0)
+    return (torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True))
+
+
+def stream_ops(gm) -> list[str]:
+    return [op.kind for n in gm.graph.nodes if (op := decode(n, gm)) is not None]
+
+
+@pytest.mark.parametrize("upstream", [False, True])
+def test_custom_backward_gets_explains_syncs(upstream):
+    "Fails on main: the compiled backward has no stream op (0 syncs), explain reports 2 (seed) / 4 (default)."
+    xs = inputs()
+    want = explain(annotated, *xs, check=False).modes["upstream" if upstream else "default"].backward
+    sw, graphs, out, grads, _ = compile_and_run(annotated, xs, cpu_as="meta", upstream=upstream)
+    assert_eager(annotated, xs, out, grads, {})
+    got = graphs["backward"][0]
+    assert count_syncs(want) > 0
+    assert count_syncs(got) == count_syncs(want)
+    assert sorted(stream_ops(got)) == sorted(stream_ops(want))
+
+
+@pytest.mark.parametrize("upstream", [False, True])
+def test_custom_backward_with_stream_object(upstream):
+    """Fails on main: only the user's wait_stream is in the backward, nothing orders `g @ w.t()` on S after the
+    gradient it reads. The user's sync is tagged must_be_in_backward and stays in the backward graph."""
+    xs = inputs()
+    with accelerator():
+        sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta", upstream=upstream)
+    assert_eager(annotated, xs, out, grads, {})
+    bw, joint = graphs["backward"][0], sw.graphs[0]
+    kinds = stream_ops(bw)
+    assert "record_event" in kinds and "wait_event" in kinds and "wait_stream" in kinds
+    assert not any("wait_stream" in stream_ops(fw) for fw in graphs["forward"])
+    user = [op.call for n in joint.graph.nodes if (op := decode(n, joint)) is not None and op.kind == "wait_stream"]
+    assert user and all(c.meta.get("partitioner_tag") == "must_be_in_backward" for c in user)   # kept in the wrap
+
+
+def test_custom_backward_is_race_free_in_default_mode():
+    "Fails on main: the sanitizer finds the race between `threshold_backward` (current stream) and `g @ w.t()` (S)."
+    xs = inputs()
+    for fn, ctx in ((annotated, contextlib.nullcontext), (with_stream, accelerator)):
+        with ctx():
+            sw, graphs, *_ = compile_and_run(fn, xs, cpu_as="meta")
+        report = sanitize(graphs["backward"][0], registry=sw.registries[0])
+        assert report.errors == [], (fn.__name__, report.errors)
+
+
+def test_tags_only_the_untagged_backward():
+    "The tagging is a no-op on a joint graph AOTAutograd tagged itself; on the custom body it tags every node."
+    from streamnb.capturing import capture
+    from test_compile import two_blocks, two_blocks_inputs
+    plain = capture(two_blocks, *two_blocks_inputs(), frontend="dynamo").joint
+    assert tag_custom_backward(plain) == []
+    xs = inputs()
+    sw, *_ = compile_and_run(annotated, xs, cpu_as="meta")
+    joint = sw.graphs[0]
+    body = [n for n in joint.graph.nodes if (n.meta.get("custom") or {}).get("stream") == 1]
+    assert body and all(is_bwd_node(n) for n in body)
+    assert all(n.meta["partitioner_tag"] == "is_forward" for n in joint.graph.nodes
+               if n.op == "placeholder" and n.name.startswith("primals"))
+
+
+def test_control_deps_have_vals_in_default_mode():
+    """Fails on main: the compile path gave the control_deps nodes no meta['val'] (only Capture.process did), what
+    the partitioner needs for a backward sync whose getitems it saves or outputs (`KeyError: 'val'`)."""
+    xs = inputs()
+    with accelerator():
+        sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta")
+    assert_eager(annotated, xs, out, grads, {})
+    ctrls = [n for n in sw.graphs[0].graph.nodes if is_control_deps(n)]
+    assert ctrls and all("val" in n.meta for n in ctrls)
+
+
+CUR_S = torch.Stream(device="cpu")
+
+def join_on_current(x):
+    "The basic pattern: produce on a side stream, record, wait on the current stream, consume."
+    e = torch.Event()
+    with CUR_S:
+        y = x + 1
+        e.record()
+    e.wait()
+    return y * 2
+
+
+def test_current_stream_join_is_ordered_by_data():
+    """Fails on main: dynamo's stream 0 (the ambient current stream) was not a current stream for the registry, so
+    `y * 2` (unannotated) did not count as the wait's consumer and read `y` around the wait (hoistable above it)."""
+    x = torch.randn(8, requires_grad=True)
+    with accelerator():
+        sw, graphs, out, grads, _ = compile_and_run(join_on_current, (x,), cpu_as="meta")
+    torch.testing.assert_close(out, x.detach() * 2 + 2)
+    reg, joint = sw.registries[0], sw.graphs[0]
+    assert reg.is_current_stream(0) and reg.pinned_current == 0
+    wait = next(n for n in joint.graph.nodes if (op := decode(n, joint)) is not None and op.kind == "wait_event")
+    assert decode(wait, joint).streams == (0,)
+    mul = next(n for n in joint.graph.nodes if n.target is torch.ops.aten.mul.Tensor and "primals" not in str(n.args)
+               and not any(a.name.startswith("tangents") for a in n.all_input_nodes))
+    src = mul.args[0]
+    assert src.target.__name__ == "getitem" and src.args[0] is wait
+
+
+def test_current_stream_index_in_both_modes():
+    "upstream=True keeps a fresh index per lookup and counts 0 as current too; without an accelerator nothing changes."
+    x = torch.randn(8, requires_grad=True)
+    with accelerator():
+        sw, *_ = compile_and_run(join_on_current, (x,), cpu_as="meta", upstream=True)
+    reg = sw.registries[0]
+    assert reg.pinned_current is None and 0 in reg.current_streams
+    sw, *_ = compile_and_run(annotated, inputs(), cpu_as="meta")
+    reg = sw.registries[0]
+    assert reg.pinned_current not in (None, 0) and 0 not in reg.current_streams
+    assert isinstance(reg, DynamoRegistry)
+
+
+def test_current_stream_under_cpu_streams():
+    """`capturing.cpu_streams` makes dynamo register its stand-in current stream at 0 without patching
+    `is_available` for the passes: the switch finds it in dynamo's table (a `CurrentStreamSource`) and orders the join."""
+    from streamnb.capturing import cpu_streams
+    x = torch.randn(8, requires_grad=True)
+    with cpu_streams() as current:
+        sw, graphs, out, _, _ = compile_and_run(join_on_current, (x,), cpu_as="meta")
+    torch.testing.assert_close(out, x.detach() * 2 + 2)
+    assert sw.registries[0].pinned_current == 0
+    joint = sw.graphs[0]
+    mul = next(n for n in joint.graph.nodes if n.target is torch.ops.aten.mul.Tensor
+               and n.meta.get("partitioner_tag") == "is_forward")
+    assert decode(mul.args[0].args[0], joint).kind == "wait_event"
