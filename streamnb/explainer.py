@@ -142,7 +142,7 @@ class Explanation:
         diff = [f"{where} ({n(up, rep)} vs {n(de, rep)} sanitizer errors)" for rep, where in
                 (("report", "in program order"), ("reorder_report", "under reordering")) if n(up, rep) != n(de, rep)]
         diff += ["in held memory"] if up.timeline.memory != de.timeline.memory else []
-        why = f"; they differ only {' and '.join(diff)}" if diff else ""
+        why = f"; they differ only\n{', and '.join(diff)}" if diff else ""   # (a second line: the figure keeps its width)
         return plot_timeline(self.before, de.timeline,
                              titles=["before the passes", f"upstream and default passes: the same schedule{why}"])
 

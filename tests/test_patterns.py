@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from streamnb.capturing import cpu_streams, eager
-from streamnb.compiling import executor_backend, use_streamnb_passes
 from streamnb.explainer import explain
-from streamnb.sanitizer import sanitize
-from streamnb.patterns import PATTERNS, STYLES, MoESharedExpert, build, explain_pattern
+from streamnb.patterns import PATTERNS, STYLES, MoESharedExpert, build, compile_pattern, explain_pattern
 
 warnings.filterwarnings("ignore", category=UserWarning)
 CASES = [(n, s) for n in PATTERNS for s in STYLES]
@@ -62,25 +60,16 @@ def test_build_refuses_unknown_names():
 
 @pytest.mark.parametrize("name,style", CASES)
 def test_pattern_under_torch_compile(name, style):
-    """The same patterns compiled with torch.compile under use_streamnb_passes (streamnb's default): outputs and gradients
-    equal eager PyTorch's; the compiled backward has no sanitizer error; the compiled forward has none where the
-    program syncs it (objects style) and names the missing syncs where it does not (annotate style)."""
-    model, inputs = build(name, style)
-    want = eager(model, *inputs)
-    graphs = {}
-    torch._dynamo.reset()
-    with cpu_streams(), use_streamnb_passes(cpu_as="meta") as sw:
-        compiled = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)
-        xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-        out = compiled(*xs)
-        outs = out if isinstance(out, tuple) else (out,)
-        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
-    torch.testing.assert_close(outs, want.outputs if isinstance(want.outputs, tuple) else (want.outputs,))
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want.param_grads[n])
-    (reg,) = sw.registries
-    (fw,), (bw,) = graphs["forward"], graphs["backward"]
-    assert not sanitize(bw, registry=reg).errors
-    fw_errors = sanitize(fw, registry=reg).errors
+    """The same patterns compiled with torch.compile under use_streamnb_passes (streamnb's default, `compile_pattern`):
+    outputs and gradients equal eager PyTorch's; the compiled backward has no sanitizer error; the compiled forward has
+    none where the program syncs it (objects style) and names the missing syncs where it does not (annotate style)."""
+    got = compile_pattern(name, style)
+    want = eager(got["model"], *got["inputs"])
+    torch.testing.assert_close(got["outputs"], want.outputs if isinstance(want.outputs, tuple) else (want.outputs,))
+    assert set(got["grads"]) == set(want.param_grads)
+    for n, g in got["grads"].items(): torch.testing.assert_close(g, want.param_grads[n])
+    assert len(got["graphs"]["forward"]) == len(got["graphs"]["backward"]) == 1
+    assert not got["reports"]["backward"].errors
+    fw_errors = got["reports"]["forward"].errors
     if style == "objects" or name == "async_grad_reduce": assert not fw_errors, fw_errors
     else: assert fw_errors and {e.kind for e in fw_errors} <= {"race", "unsafe_reuse", "unjoined_output"}
