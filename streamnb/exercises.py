@@ -176,9 +176,10 @@ def in_words(e: Finding) -> str:
                 f"{e.tensor} only once it has happened (sync_dealloc on that event), or record_stream({e.tensor}, "
                 f"{_sname(sa)})")
     if e.kind == "unjoined_output":
-        return (f"unjoined output: {b} makes {e.tensor} on {_sname(sb)} and the graph returns it, but nothing makes "
-                f"{_sname(sa)} (where the caller reads it) wait for {b}. Fix: record an event on {_sname(sb)} after {b} "
-                f"and wait for it on {_sname(sa)} before the output")
+        made = (f"{b} (made on {_sname(sb)}) is returned" if b == e.tensor else
+                f"{b} writes {e.tensor} on {_sname(sb)} and the graph returns {e.tensor}")
+        return (f"unjoined output: {made}, but nothing makes {_sname(sa)} (where the caller reads it) wait for {b}. "
+                f"Fix: record an event on {_sname(sb)} after {b} and wait for it on {_sname(sa)} before the output")
     if e.kind == "wait_without_record":
         return (f"{a} waits on an event that no record_event before it records: the wait orders nothing. Fix: record "
                 f"the event after the producer, before {a}")

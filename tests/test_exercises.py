@@ -64,7 +64,7 @@ def test_missing_wait_is_a_race():
     assert any(p.startswith("race on a: c (stream 0) and a (stream 1)") and
                p.endswith("Fix: record an event on stream 1 after a and wait for it on stream 0 before c")
                for p in g.problems), g.problems
-    assert any(p.startswith("unjoined output: a makes a on stream 1 and the graph returns it") and
+    assert any(p.startswith("unjoined output: a (made on stream 1) is returned, but nothing makes stream 0") and
                p.endswith("Fix: record an event on stream 1 after a and wait for it on stream 0 before the output")
                for p in g.problems), g.problems
 
@@ -79,7 +79,7 @@ def test_early_free_is_unsafe_reuse():
     p, q = g.problems
     assert p.startswith("unsafe reuse: a's memory goes back to stream 0's pool") and "b (stream 1)" in p
     assert "Fix: record an event on stream 1 after b and free a only once it has happened" in p
-    assert q.startswith("unjoined output: b makes b on stream 1 and the graph returns it") and "stream 0" in q
+    assert q.startswith("unjoined output: b (made on stream 1) is returned, but nothing makes stream 0") and "wait for b" in q
 
 
 def test_wait_on_unknown_event():
@@ -381,3 +381,21 @@ def test_every_problem_names_a_node_and_a_fix():
             for p in ex.check(gm).problems:
                 assert "Fix" in p or "fix" in p, f"{name}, {mistake}: no fix in {p!r}"
                 assert any(re.search(rf"\b{re.escape(n)}\b", p) for n in names), f"{name}, {mistake}: no node in {p!r}"
+
+
+def test_unjoined_output_in_words_names_an_in_place_writer():
+    "A returned tensor last written in place on a side stream: the sentence names the writer and the tensor apart."
+    import torch
+    from streamnb.exercises import in_words
+    from streamnb.graph import GraphBuilder, streams
+    from streamnb.sanitizer import sanitize
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(torch.ops.aten.mul.Tensor, x, x, stream=0)
+    b.sync(streams.record_event.default, 5, 0); b.sync(streams.wait_event.default, 5, 1)   # stream 1 waits for mul
+    b.op(torch.ops.aten.add_.Tensor, y, 1, stream=1)        # writes y in place on stream 1
+    (e,) = sanitize(b.output(y), current_streams={0}).errors
+    assert e.kind == "unjoined_output"
+    assert in_words(e) == ("unjoined output: add_ writes mul on stream 1 and the graph returns mul, but nothing makes "
+                           "stream 0 (where the caller reads it) wait for add_. Fix: record an event on stream 1 after "
+                           "add_ and wait for it on stream 0 before the output")

@@ -570,7 +570,7 @@ def test_exercise_fewest_syncs_solution_is_ok():
     # the grader words the sanitizer's unjoined_output finding as "unjoined output: ..."; sin and cos, both returned
     # from stream 2, are each found
     assert not unjoined.ok, unjoined
-    assert [p.split(" makes")[0] for p in unjoined.problems] == \
+    assert [p.split(" (made")[0] for p in unjoined.problems] == \
         ["unjoined output: sin", "unjoined output: cos"], unjoined
 
 
