@@ -106,6 +106,12 @@ def cpu_streams(eager: bool = False):
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
 
+def _cause(e: BaseException, cls: type) -> BaseException | None:
+    "The first exception of type `cls` in `e`'s chain (torch.compile keeps a backend's error as `inner_exception`)."
+    while e is not None and not isinstance(e, cls):
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
+    return e
+
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
     which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
@@ -144,9 +150,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
                 with cpu_streams(): torch.compile(flat_fn, backend=backend, fullgraph=True)(*flat_args)
         except Exception as e:
             if "joint" not in got or frontend == "dynamo": raise
-            cause = e
-            while cause is not None and not isinstance(cause, _Captured): cause = cause.__cause__ or cause.__context__
-            if cause is None: raise
+            if _cause(e, _Captured) is None: raise
         finally:
             if frontend == "dynamo": torch._dynamo.reset()
     return got
@@ -341,10 +345,8 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
     try: return _trace_joint(flat_fn, flat, frontend)
     except StreamnbError: raise
     except Exception as e:
-        cause = e                                          # torch.compile keeps a backend's error as inner_exception
-        while cause is not None and not isinstance(cause, StreamnbError):
-            cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
-        if cause is not None: raise cause from None       # ours, raised inside torch.compile's backend
+        ours = _cause(e, StreamnbError)
+        if ours is not None: raise ours from None         # ours, raised inside torch.compile's backend
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         need = ("The function must run under torch.func tracing: no data-dependent Python control flow, no "
                 ".item()/.numpy(), no in-place updates of inputs" if frontend == "aot" else

@@ -302,26 +302,11 @@ def test_exercise_wrong_answers_are_caught():
 import copy
 
 import torch
-import torch.nn as nn
 
-from streamnb.choosing import Row, format_table, table_models
+from streamnb.choosing import MoEBlock, Row, format_table, table_models
 
 
-class MoE(nn.Module):
-    "A router, a shared expert and four routed experts weighted by the top-2 gates (as streamnb.choosing.MoEBlock)."
-    def __init__(self, d=256, hidden=512, experts=4, k=2):
-        super().__init__()
-        expert = lambda: nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
-        self.router, self.shared, self.k = nn.Linear(d, experts), expert(), k
-        self.experts = nn.ModuleList(expert() for _ in range(experts))
-
-    def forward(self, x):
-        gates = self.router(x).softmax(-1)
-        top, idx = gates.topk(self.k, dim=-1)
-        w = torch.zeros_like(gates).scatter(-1, idx, top)
-        out = self.shared(x)
-        for i, e in enumerate(self.experts): out = out + w[..., i:i + 1] * e(x)
-        return out
+MoE = MoEBlock   # the chapter's MoE block: router, shared expert, four routed experts weighted by the top-2 gates
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,17 +2,17 @@
 
 Dynamo traces a custom Function as `autograd_function_apply`: the nodes of its backward body keep their stream but
 lose `partitioner_tag`, so on main's code the compiled backward gets no syncs for them while `explain` (which traces
-with `aot_function`) reports syncs. Stream objects on a CPU: tracing patches `torch.accelerator.is_available` (and the
-current stream), as `capturing.cpu_streams()` will; dynamo then registers the ambient current stream at index 0."""
+with `aot_function`) reports syncs. Stream objects on a CPU are traced under `capturing.cpu_streams()`: dynamo then
+registers the ambient current stream at index 0, as on an accelerator."""
 from __future__ import annotations
 
 import contextlib
-from unittest import mock
 
 import pytest
 import torch
 
 from test_compile import assert_eager, compile_and_run
+from streamnb.capturing import cpu_streams
 from streamnb.compiling import DynamoRegistry, tag_custom_backward
 from streamnb.exercises import count_syncs
 from streamnb.explainer import explain
@@ -22,15 +22,7 @@ from streamnb.streamops import decode
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")
 
-CUR, S = torch.Stream(device="cpu"), torch.Stream(device="cpu")
-
-
-@contextlib.contextmanager
-def accelerator():
-    "Trace as on an accelerator: dynamo registers the ambient current stream (CUR) at index 0."
-    with mock.patch("torch.accelerator.is_available", lambda: True), \
-         mock.patch("torch.accelerator.current_stream", lambda device=None: CUR):
-        yield
+S = torch.Stream(device="cpu")
 
 
 class AnnotatedBackward(torch.autograd.Function):
@@ -91,7 +83,7 @@ def test_custom_backward_with_stream_object(upstream):
     """Fails on main: only the user's wait_stream is in the backward, nothing orders `g @ w.t()` on S after the
     gradient it reads. The user's sync is tagged must_be_in_backward and stays in the backward graph."""
     xs = inputs()
-    with accelerator():
+    with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta", upstream=upstream)
     assert_eager(annotated, xs, out, grads, {})
     bw, joint = graphs["backward"][0], sw.graphs[0]
@@ -105,7 +97,7 @@ def test_custom_backward_with_stream_object(upstream):
 def test_custom_backward_is_race_free_in_default_mode():
     "Fails on main: the sanitizer finds the race between `threshold_backward` (current stream) and `g @ w.t()` (S)."
     xs = inputs()
-    for fn, ctx in ((annotated, contextlib.nullcontext), (with_stream, accelerator)):
+    for fn, ctx in ((annotated, contextlib.nullcontext), (with_stream, cpu_streams)):
         with ctx():
             sw, graphs, *_ = compile_and_run(fn, xs, cpu_as="meta")
         report = sanitize(graphs["backward"][0], registry=sw.registries[0])
@@ -131,7 +123,7 @@ def test_control_deps_have_vals_in_default_mode():
     """Fails on main: the compile path gave the control_deps nodes no meta['val'] (only Capture.process did), what
     the partitioner needs for a backward sync whose getitems it saves or outputs (`KeyError: 'val'`)."""
     xs = inputs()
-    with accelerator():
+    with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta")
     assert_eager(annotated, xs, out, grads, {})
     ctrls = [n for n in sw.graphs[0].graph.nodes if is_control_deps(n)]
@@ -154,7 +146,7 @@ def test_current_stream_join_is_ordered_by_data():
     """Fails on main: dynamo's stream 0 (the ambient current stream) was not a current stream for the registry, so
     `y * 2` (unannotated) did not count as the wait's consumer and read `y` around the wait (hoistable above it)."""
     x = torch.randn(8, requires_grad=True)
-    with accelerator():
+    with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, graphs, out, grads, _ = compile_and_run(join_on_current, (x,), cpu_as="meta")
     torch.testing.assert_close(out, x.detach() * 2 + 2)
     reg, joint = sw.registries[0], sw.graphs[0]
@@ -170,7 +162,7 @@ def test_current_stream_join_is_ordered_by_data():
 def test_current_stream_index_in_both_modes():
     "upstream=True keeps a fresh index per lookup and counts 0 as current too; without an accelerator nothing changes."
     x = torch.randn(8, requires_grad=True)
-    with accelerator():
+    with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, *_ = compile_and_run(join_on_current, (x,), cpu_as="meta", upstream=True)
     reg = sw.registries[0]
     assert reg.pinned_current is None and 0 in reg.current_streams
@@ -178,18 +170,3 @@ def test_current_stream_index_in_both_modes():
     reg = sw.registries[0]
     assert reg.pinned_current not in (None, 0) and 0 not in reg.current_streams
     assert isinstance(reg, DynamoRegistry)
-
-
-def test_current_stream_under_cpu_streams():
-    """`capturing.cpu_streams` makes dynamo register its stand-in current stream at 0 without patching
-    `is_available` for the passes: the switch finds it in dynamo's table (a `CurrentStreamSource`) and orders the join."""
-    from streamnb.capturing import cpu_streams
-    x = torch.randn(8, requires_grad=True)
-    with cpu_streams() as current:
-        sw, graphs, out, _, _ = compile_and_run(join_on_current, (x,), cpu_as="meta")
-    torch.testing.assert_close(out, x.detach() * 2 + 2)
-    assert sw.registries[0].pinned_current == 0
-    joint = sw.graphs[0]
-    mul = next(n for n in joint.graph.nodes if n.target is torch.ops.aten.mul.Tensor
-               and n.meta.get("partitioner_tag") == "is_forward")
-    assert decode(mul.args[0].args[0], joint).kind == "wait_event"

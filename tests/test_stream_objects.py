@@ -75,7 +75,7 @@ def test_current_stream_aliases_are_index_0():
         with torch.cuda.stream(s):
             y = x.sin()
             inner = torch.cuda.current_stream()       # s itself
-            inner.wait_stream(torch.cuda.default_stream() if False else s)
+            inner.wait_stream(s)                      # s waits for itself: wait_stream(1, 1)
         torch.cuda.current_stream().wait_stream(s)
         return y * 2
     x = torch.randn(3, requires_grad=True)
