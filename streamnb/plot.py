@@ -5,6 +5,7 @@
 # %% ../nbs/05_plot.ipynb #28528310
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -36,6 +37,14 @@ def _fits(ax: Axes, width: float, span: float, text: str, fontsize: float = 7.5)
     "Does `text` fit inside a bar `width` long on an axis showing `span`?"
     axis_pts = ax.get_position().width * ax.figure.get_figwidth() * 72
     return span > 0 and width / span * axis_pts >= 0.6 * fontsize * len(text) + 4
+
+def _wrap(ax: Axes, text: str, fontsize: float = 10) -> str:
+    """`text` in lines that fit the axis's width (its own line breaks kept; a character is about 0.6 em, as in `_fits`).
+    Words joined by a no-break space (`\\xa0`) stay on one line; it is written as a space."""
+    axis_pts = ax.get_position().width * ax.figure.get_figwidth() * 72
+    chars = max(20, int(axis_pts / (0.6 * fontsize)))
+    lines = (textwrap.fill(line, chars, break_on_hyphens=False) for line in text.split("\n"))
+    return "\n".join(lines).replace("\xa0", " ")
 
 # %% ../nbs/05_plot.ipynb #e02caa4a
 _STREAM_COLORS = plt.get_cmap("tab10").colors
@@ -134,7 +143,7 @@ def _draw_one(ax: Axes, tl: Timeline, title: str, span: float, unit: str, k: flo
         if kind in marks: draw(ax, tl, y, k)
     ax.set_yticks(range(len(rs)), [_row_label(tl, r) for r in rs])
     ax.set_ylim(len(rs) - 0.5, -0.7)   # first row on top
-    ax.set_title(f"{title} (makespan {tl.makespan * k:.4g} {unit})", fontsize=10, loc="left")
+    ax.set_title(_wrap(ax, f"{title} (makespan\xa0{tl.makespan * k:.4g}\xa0{unit})", 10), fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
 
 # %% ../nbs/05_plot.ipynb #b5d34e83
@@ -164,13 +173,19 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
                   width: float = 10.0, marks=None, label=(), racing=None) -> Figure:
     """Gantt chart of one or more timelines, stacked top to bottom on a shared time axis in µs. `marks`: the kinds of
     marker to draw, from `MARKS` (None: all); kernels are always drawn. `label`: kernel names whose bar always carries
-    its name. `racing`: one collection of kernel names per timeline, outlined in dashed red (with `"races"` marks):
-    races the sanitizer found that the simulator does not mark, such as a write while another stream reads."""
+    its name (each a kernel of one of the timelines). `racing`: one collection of kernel names per timeline, outlined
+    in dashed red (with `"races"` marks): races the sanitizer found that the simulator does not mark, such as a write
+    while another stream reads. A title too long for its panel is broken into lines."""
     if not timelines: raise ValueError("plot_timeline needs at least one Timeline")
     for i, tl in enumerate(timelines):
         if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
             raise TypeError(f"timelines: argument {i} is a {type(tl).__name__}, not a Timeline (make one with simulate(gm))")
     marks = _marks(marks)
+    racing = [frozenset(r) for r in racing] if racing is not None else [frozenset()] * len(timelines)
+    if len(racing) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(racing)} entries in racing")
+    label = frozenset([label] if isinstance(label, str) else label)
+    if unknown := sorted(label - {n for tl in timelines for n in tl.spans}):
+        raise ValueError(f"label: {', '.join(unknown)}: no such kernel in the timelines (choose from their nodes)")
     titles = list(titles) if titles is not None else [tl.name or f"timeline {i}" for i, tl in enumerate(timelines)]
     if ax is None:
         heights = [max(1, len(rows(tl))) * 0.55 + 0.8 for tl in timelines]
@@ -181,9 +196,6 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
         axes = [ax] if isinstance(ax, Axes) else list(ax)
         fig = axes[0].figure
     if len(axes) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(axes)} axes")
-    racing = [frozenset(r) for r in racing] if racing is not None else [frozenset()] * len(timelines)
-    if len(racing) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(racing)} entries in racing")
-    label = frozenset([label] if isinstance(label, str) else label)
     span = max(tl.makespan for tl in timelines) or 0.001
     unit, k = time_unit(span)
     for a, tl, title, rc in zip(axes, timelines, titles, racing):

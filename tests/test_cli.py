@@ -141,8 +141,13 @@ def test_demo_timeline_says_why_the_two_modes_look_the_same():
     model, inputs = transformer_block_example()
     ex = explain(model, *inputs, device="H100", check=False)
     assert ex.same_schedule()
-    titles = [a.get_title(loc="left") for a in ex.plot_timelines().axes]
+    fig = ex.plot_timelines()
+    titles = [a.get_title(loc="left") for a in fig.axes]
     assert len(titles) == 2 and titles[0].startswith("before the passes")
+    fig.canvas.draw()   # the saying-why title is whole: broken into lines, never cut at the figure's right edge
+    for a, t in zip(fig.axes, titles):
+        shown = next(x for x in a.get_children() if hasattr(x, "get_text") and x.get_text() == t)
+        assert shown.get_window_extent().x1 <= fig.bbox.x1, f"title runs off timeline.png: {t!r}"
     assert titles[1].startswith("upstream and default passes: the same schedule; they differ only")
     up, de = ex.modes["upstream"], ex.modes["default"]
     assert len(up.reorder_report.errors) != len(de.reorder_report.errors) and "under reordering" in titles[1]

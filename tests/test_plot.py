@@ -103,6 +103,24 @@ def test_labels_only_where_they_fit():
     assert gids(fig, "label:") == ["label:a_very_long_kernel_name", "label:wide"]
     text = artist(fig, "label:a_very_long_kernel_name")
     assert text.get_va() == "bottom" and text.get_position()[1] < 0   # above row 0 (the y axis points down)
+    with pytest.raises(ValueError, match="label: nope: no such kernel"):   # a misspelt name is not silently unlabelled
+        plot_timeline(tl, label={"wide", "nope"})
+
+
+def test_a_long_title_is_wrapped_inside_the_figure():
+    "A title longer than its panel is broken into lines (never cut at the figure's edge); the makespan stays whole."
+    tl = simulate(graph(True), cost=COST)
+    long = "the seed's passes and streamnb's give " + ", ".join(f"kernel_{i}" for i in range(14))
+    ms = f"(makespan {tl.makespan * 1e3:.4g} µs)"
+    for width in (6, 10):
+        fig = plot_timeline(tl, tl, titles=[long, "short"], width=width)
+        fig.canvas.draw()
+        title = fig.axes[0].get_title(loc="left")
+        assert "\n" in title and title.replace("\n", " ") == f"{long} {ms}" and title.endswith(ms)
+        shown = next(t for t in fig.axes[0].get_children() if hasattr(t, "get_text") and t.get_text() == title)
+        assert shown.get_window_extent().x1 <= fig.bbox.x1, f"width {width}: the title runs off the figure"
+        assert fig.axes[1].get_title(loc="left") == f"short {ms}"
+        plt.close(fig)
 
 
 def test_racing_outlines_what_the_sanitizer_found_per_panel():

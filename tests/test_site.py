@@ -5,8 +5,9 @@ page. Fails on: a console error, page error, failed request or HTTP error; an im
 (`naturalWidth == 0`); an internal link or #anchor that does not resolve; an empty page; a chapter missing from the
 sidebar (or out of reading order); a public symbol (any module's `__all__`) without an API entry, signature, docstring,
 link to its chapter or (once settings.ini names a real home) a [source] link to its notebook; raw Markdown table
-text (`|---|`) on a page; a link to the placeholder home (`github.com/example`); a figure whose smallest text is
-under 8 px as displayed; nbdev directives not honoured; a search that finds nothing;
+text (`|---|`) on a page, or a table of a notebook's Markdown output that is not an HTML table on its page; a link to
+the placeholder home (`github.com/example`); a figure whose smallest text is under 8 px as displayed (1440 px wide
+window), or a plot that a click does not enlarge; nbdev directives not honoured; a search that finds nothing;
 a Sphinx warning; a build slower than 2 minutes. What it expects is read from the notebooks and the package at test
 time, never from a list kept here. Saves screenshots of the index page and of one chapter (its top, and its first
 plot) in `_docs/_check/`.
@@ -182,6 +183,7 @@ _PAGE_JS = """() => {
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
     images: Array.from(document.images).map(i => ({src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0})),
     plots: main.querySelectorAll('.cell_output img').length,
+    tables: main.querySelectorAll('.cell_output table').length,
     figs: Array.from(main.querySelectorAll('.cell_output img')).map(i => ({src: i.getAttribute('src'),
             natural: i.naturalWidth, shown: i.getBoundingClientRect().width})),
     body: main.innerText,
@@ -229,6 +231,15 @@ def crawl(site, server, browser):
     if seen[chapter]["plots"]:
         page.locator("article .cell_output img").first.scroll_into_view_if_needed()
         shot(page, out, "chapter-plot.png")
+    zoom = None
+    if seen[chapter]["plots"]:   # click to enlarge: the plot opens on top of the page, as large as the window allows
+        img = page.locator("article .cell_output img").first
+        img.click()
+        page.wait_for_timeout(200)
+        zoom = page.evaluate("() => { const b = document.querySelector('.streamnb-zoom img'); const i = "
+                             "document.querySelector('article .cell_output img'); return b && {shown: "
+                             "b.getBoundingClientRect().width, natural: i.naturalWidth, window: window.innerWidth}; }")
+        if zoom: shot(page, out, "chapter-zoom.png"); page.locator(".streamnb-zoom").click()
     api = page.evaluate("() => { const a = document.querySelector('.nb-source a[href*=\"api/\"]'); "
                         "return a && a.getAttribute('href'); }")
     if api:   # the API page the chapter's banner links to
@@ -237,7 +248,7 @@ def crawl(site, server, browser):
     page.close()
     print(f"browser check: {len(pages)} pages in {time.time() - t0:.1f} s; chapter shown: {chapter}; "
           f"screenshots in {out / '_check'}")
-    return {"pages": seen, "problems": problems, "chapter": chapter}
+    return {"pages": seen, "problems": problems, "chapter": chapter, "zoom": zoom}
 
 
 def shot(page, out, name):
@@ -420,12 +431,33 @@ def home_url():
 _re_raw_table = re.compile(r"\|\s*:?(?:-{3,}|[—–][-—–]*):?\s*\|")   # |---| (or |—|: dashes made typographic)
 
 
+def markdown_tables(nb_path: Path) -> int:
+    "How many tables the notebook's shown Markdown outputs (IPython `Markdown(...)`) hold."
+    n = 0
+    for c in read_nb(nb_path).cells:
+        dirs = {m.group(1): m.group(2).strip().lower() for m in map(_re_dir.match, c.source.splitlines()) if m}
+        if c.cell_type != "code" or "hide" in dirs or dirs.get("output") == "false": continue
+        for o in c.get("outputs", []):
+            md = (o.get("data") or {}).get("text/markdown", "")
+            n += len(re.findall(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)+\|?\s*$", "".join(md), re.M))
+    return n
+
+
 def test_markdown_tables_render_as_tables(crawl):
     "No page shows a Markdown table as text (`|---|`, or `|—|` once the dashes are made typographic, outside code "
-    "blocks): IPython `Markdown(...)` outputs (the landing page's tables) must render as HTML tables."
+    "blocks), and every table of a notebook's Markdown outputs (the landing page's) is an HTML table on its page."
     raw = [f"{rel}: ...{p['prose'][max(0, m.start() - 80):m.end() + 40]!r}..."
            for rel, p in crawl["pages"].items() for m in [_re_raw_table.search(p["prose"])] if m]
     assert not raw, f"{len(raw)} pages show raw Markdown table text:\n" + "\n".join(raw[:10])
+    nbs, chapters = chapter_notebooks()
+    want = {("index.html" if p.name == "index.ipynb" else html_of(p, nbs)): markdown_tables(p)
+            for p in chapters + [nbs / "index.ipynb"]}
+    missing = [f"{rel}: {crawl['pages'][rel]['tables']} tables shown, {n} in its Markdown outputs"
+               for rel, n in want.items() if crawl["pages"][rel]["tables"] < n]
+    assert sum(want.values()), "no notebook has a Markdown output with a table: nothing checked"
+    assert not missing, "Markdown output tables not rendered as tables:\n" + "\n".join(missing)
+    print(f"tables: {sum(want.values())} in Markdown outputs, "
+          f"{sum(p['tables'] for p in crawl['pages'].values())} rendered in cell outputs; no raw table text")
 
 
 def test_no_link_to_a_placeholder_home(crawl):
@@ -436,14 +468,22 @@ def test_no_link_to_a_placeholder_home(crawl):
     bad = [f"{rel}: {h}" for rel, p in crawl["pages"].items() for h in p["links"]
            if any(b in h for b in bad_prefixes)]
     assert not bad, f"{len(bad)} links to a placeholder home:\n" + "\n".join(bad[:20])
+    print(f"links: {sum(len(p['links']) for p in crawl['pages'].values())} checked on {len(crawl['pages'])} pages, "
+          f"none to a placeholder home ({', '.join(sorted(bad_prefixes))})")
+
+
+_re_fontsize = re.compile(r"\b(?:fontsize|labelsize)\s*=\s*(\d+(?:\.\d+)?)")
 
 
 def smallest_font_pt() -> float:
-    "The smallest font size the package draws with: matplotlib's default (10 pt) or any `fontsize=` in its modules."
+    "The smallest font size a figure is drawn with: matplotlib's default (10 pt), or any `fontsize=` (`labelsize=`) "
+    "in the package's modules or in a notebook's code cells (a chapter may draw its own figure)."
     import matplotlib
     sizes = [float(matplotlib.rcParamsDefault["font.size"])]
-    for f in (ROOT / _cfg().lib_path).rglob("*.py"):
-        sizes += [float(x) for x in re.findall(r"fontsize\s*=\s*(\d+(?:\.\d+)?)", f.read_text(encoding="utf-8"))]
+    nbs, chapters = chapter_notebooks()
+    code = [f.read_text(encoding="utf-8") for f in (ROOT / _cfg().lib_path).rglob("*.py")]
+    code += [c.source for p in chapters + [nbs / "index.ipynb"] for c in read_nb(p).cells if c.cell_type == "code"]
+    for text in code: sizes += [float(x) for x in _re_fontsize.findall(text)]
     return min(sizes)
 
 
@@ -468,18 +508,28 @@ def figure_text_px(fig: dict, img: Path, pt: float) -> float:
 def test_figures_readable_as_displayed(site, crawl):
     "Every stored plot, as the browser lays it out (1440 px wide window): its smallest text (the package's smallest "
     "font size at the PNG's dpi, scaled to the displayed width) is at least 8 px."
-    pt, small, n = smallest_font_pt(), [], 0
+    pt, small, n, px_all = smallest_font_pt(), [], 0, []
     for rel, p in crawl["pages"].items():
         for fig in p["figs"]:
             r = _resolve(rel, fig["src"])
             if not r or not fig["natural"] or not (site["out"] / r[0]).is_file(): continue
             n += 1
             px = figure_text_px(fig, site["out"] / r[0], pt)
+            px_all.append(px)
             if px < MIN_TEXT_PX:
                 small.append(f"{rel}: {fig['src']} shown {fig['shown']:.0f} of {fig['natural']} px: "
                              f"{pt:g} pt text is {px:.1f} px")
     assert n, "no figure measured"
+    print(f"figures: {n} measured; smallest text {min(px_all):.1f} px as displayed ({pt:g} pt)")
     assert not small, f"{len(small)} figures with text under {MIN_TEXT_PX} px as displayed:\n" + "\n".join(small[:20])
+
+
+def test_a_click_enlarges_a_figure(crawl):
+    "A figure shown smaller than its natural width (a narrow window) is readable on a click: it opens on top of the "
+    "page at its natural width, or as wide as the window allows."
+    z = crawl["zoom"]
+    assert z, f"{crawl['chapter']}: clicking its first plot opened nothing (.streamnb-zoom)"
+    assert z["shown"] >= min(z["natural"], 0.9 * z["window"]) - 1, f"{crawl['chapter']}: the enlarged plot is {z}"
 
 
 def test_modidx_links_resolve_on_this_site(crawl):
