@@ -103,6 +103,8 @@ def _inputs(n: Node) -> str:
 
 def _on(s) -> str: return "no stream" if s is None else f"stream {s}"
 
+def _output(gm: GraphModule) -> Node | None: return next(iter(gm.graph.find_nodes(op="output")), None)
+
 def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     "Each compute node of the start graph against the answer's node of that name: its op, its inputs and its stream."
     check_graph_module(start, 'start'); check_graph_module(answer)
@@ -123,6 +125,11 @@ def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
                        f"fix: put it back on {_on(get_stream(s))} (set_stream) and order the streams with syncs")
     out += [f"extra work: node {n} ({_tname(a.target)}) is not in the start graph; fix: remove it"
             for n, a in theirs.items()]
+    so, ao = _output(start), _output(answer)
+    if so is not None and (ao is None or reads(ao) != reads(so)):
+        out.append(f"work changed: node output returns {'nothing' if ao is None else _inputs(ao)} instead of "
+                   f"{_inputs(so)}; fix: return {_inputs(so)} again (the caller reads them: join a value made on a side "
+                   f"stream to the caller's stream with syncs instead of dropping it)")
     return out
 
 # %% ../nbs/08_exercises.ipynb #a79361bb
@@ -137,8 +144,9 @@ def _until(op: StreamOp) -> str:
     return "until every stream has finished"
 
 def _gpu_fix(gm: GraphModule, at: Node) -> str:
-    "The cross-stream reads a host sync at `at` orders, and the stream-side pair that orders each instead."
-    comp, before, pairs = set(compute_nodes(gm)), set(), []
+    """The cross-stream reads a host sync at `at` orders, and the stream-side syncs that order them instead: per
+    producer one record, and one wait per consumer stream, before the first consumer there."""
+    comp, before, waits = set(compute_nodes(gm)), set(), {}
     for n in gm.graph.nodes:
         if n is at: break
         before.add(n)
@@ -146,10 +154,12 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
         if c in before: continue
         for p in dict.fromkeys(source(a) for a in c.all_input_nodes):
             if p in before and p in comp and get_stream(p) != get_stream(c):
-                pairs.append(f"record_event(e, {get_stream(p)}) after {p.name} and wait_event(e, {get_stream(c)}) "
-                             f"before {c.name}")
-    if not pairs: return "remove it: no node after it reads a value made on another stream before it"
-    return "remove it and let the stream wait instead of the CPU: " + "; ".join(dict.fromkeys(pairs))
+                waits.setdefault(p, {}).setdefault(get_stream(c), c)   # the first consumer on each stream
+    if not waits: return "remove it: no node after it reads a value made on another stream before it"
+    return "remove it and let the streams wait instead of the CPU: " + "; ".join(
+        f"record_event(e, {get_stream(p)}) after {p.name}, then " +
+        " and ".join(f"wait_event(e, {s}) before {c.name}" for s, c in by_stream.items())
+        for p, by_stream in waits.items())
 
 def host_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix."
@@ -240,8 +250,38 @@ def free_problems(best: GraphModule, answer: GraphModule) -> list[str]:
                        f"waits is right after {want[t][1]}. Fix: move(gm, {name!r}, after={want[t][1]!r})")
     return out
 
+def _first_need(gm: GraphModule, at: str, s) -> tuple[str | None, bool]:
+    """The first kernel on stream `s` after node `at` (program order) that reads a value made on another stream, and
+    whether other kernels of `s` come between (then the wait could move later)."""
+    comp, seen, between = set(compute_nodes(gm)), False, False
+    for n in gm.graph.nodes:
+        if n.name == at: seen = True
+        elif seen and n in comp and get_stream(n) == s:
+            if any(p in comp and get_stream(p) != s for p in (source(a) for a in n.all_input_nodes)): return n.name, between
+            between = True
+    return None, between
+
+def _marks(gm: GraphModule, wait: str) -> str | None:
+    "The kernel whose end the event that node `wait` waits on marks: the last one on its stream before its latest record."
+    comp, last, marked = set(compute_nodes(gm)), {}, {}
+    for n in gm.graph.nodes:
+        if n in comp: last[get_stream(n)] = n.name
+        elif (op := decode(n, gm)) is not None:
+            if op.kind == "record_event": marked[op.event] = last.get(op.stream)
+            if n.name == wait: return marked.get(op.event)
+    return None
+
+def _later(best, answer, cost) -> str:
+    "No wait is longer than the worked solution's: name the first kernel that starts later than there."
+    tb, ta = simulate(best, cost=cost), simulate(answer, cost=cost)
+    late = sorted((ta.spans[k][1], k) for k in ta.spans if k in tb.spans and ta.spans[k][1] > tb.spans[k][1] + 1e-12)
+    if not late: return ""
+    k = late[0][1]
+    return (f": node {k} starts at {ta.spans[k][1] * 1e3:.4g} µs instead of {tb.spans[k][1] * 1e3:.4g} µs. Fix: issue it "
+            f"where the worked solution does, with nothing before it that holds back its stream or the host")
+
 def slow_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str]:
-    "A makespan worse than the worked solution's, and the wait that idles a stream longer than there."
+    "A makespan worse than the worked solution's, the wait that idles a stream longer than there, and where it belongs."
     check_graph_module(best, 'best')
     mk, mb = makespan_us(answer, cost), makespan_us(best, cost)
     if mk <= mb * (1 + 1e-9) + 1e-9: return []
@@ -250,12 +290,26 @@ def slow_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str
     worse = [w for w in simulate(answer, cost=cost).waits
              if w.stream is not None and w.duration > idle_best.get((w.op, w.stream), 0) + 1e-12]
     head = f"makespan {mk:.4g} µs; the best is {mb:.4g} µs"
-    if not worse: return [head]
+    if not worse: return [head + _later(best, answer, cost)]
     w = max(worse, key=lambda w: w.duration)
-    where = ("to where {w.on} has already happened when {s} reaches it (the earliest such place)" if w.op == "sync_dealloc"
-             else "just before the first node on {s} that needs {w.on}, so the work before that runs meanwhile")
-    return [f"{head}: node {w.node} holds {_on(w.stream)} idle {w.duration * 1e3:.3g} µs waiting for {w.on}. Fix: move "
-            f"it later, " + where.format(w=w, s=_on(w.stream))]
+    s = _on(w.stream)
+    if w.op == "sync_dealloc":   # the rule, not the node: an exercise shows such a grade before the learner's attempt
+        k = _marks(answer, w.node)
+        fix = (f"to where {w.on}" + (f" (recorded after {k})" if k else "") + f" has already happened when {s} reaches "
+               f"it: after the first kernel of {s} that ends once {k or 'the recorded work'} has ended, in a run where {s} "
+               f"never waits (the earliest such place)")
+    else:
+        need, between = _first_need(answer, w.node, w.stream)
+        if need and not between:   # already where it belongs: what it waits for comes late
+            return [f"{head}: node {w.node} holds {s} idle {w.duration * 1e3:.3g} µs waiting for {w.on}, just before "
+                    f"{need}, the first node there that needs it; the work it waits for ends later than in the worked "
+                    f"solution. Fix: run that work where the worked solution does (its stream, its place), so that {need} "
+                    f"need not wait"]
+        fix = (f"just before the first node on {s} that needs {w.on}" +
+               (f" ({need}: move(gm, {w.node!r}, before={need!r}))" if need else "") +
+               ", so the work before that runs meanwhile")
+    return [f"{head}: node {w.node} holds {s} idle {w.duration * 1e3:.3g} µs waiting for {w.on}. Fix: move it later, "
+            + fix]
 
 # %% ../nbs/08_exercises.ipynb #7ea5a1cb
 @dataclass
@@ -298,13 +352,13 @@ class Exercise:
 # %% ../nbs/08_exercises.ipynb #020eac38
 def _sanitized(ex: Exercise, answer: GraphModule) -> tuple[list, Report | None]:
     try: rep = sanitize(answer, reorder=ex.reorder)
-    except StreamnbError as e: return [f"the sanitizer cannot read the answer: {e}"], None
+    except StreamnbError as e: return [f"the sanitizer cannot read the answer: {e}. Fix: correct or remove the node it names"], None
     return [in_words(e) for e in rep.errors], rep
 
 def _timed(gm: GraphModule, cost, problems: list) -> float:
     try: return makespan_us(gm, cost)
     except StreamnbError as e:
-        problems.append(f"the answer cannot be simulated: {e}"); return float("nan")
+        problems.append(f"the answer cannot be simulated: {e}. Fix: correct or remove the node it names"); return float("nan")
 
 def check(ex: Exercise, answer: GraphModule) -> Grade:
     """Grade `answer` for `ex` against the worked solution: its host syncs, its work (op, inputs, stream per node), the

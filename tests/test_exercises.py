@@ -229,6 +229,15 @@ def _stream(name, s): return lambda gm: set_stream(exmod.node(gm, name), s)
 def _call(f): return lambda gm: f(gm)
 
 
+def _drop_output(name):
+    "Stop returning `name` (a learner's way to silence an unjoined output)."
+    def step(gm):
+        out = gm.graph.find_nodes(op="output")[0]
+        out.args = (tuple(a for a in out.args[0] if getattr(a, "name", None) != name),)
+        gm.recompile()
+    return step
+
+
 def _rewire(name, old, new):
     def step(gm):
         n = exmod.node(gm, name)
@@ -265,17 +274,23 @@ WRONG = {
     "primer.wait_exercise": [   # the start graph blocks the host with synchronize_stream(1) before b
         ("keep the host sync, just before c", _edit(_mv("synchronize_stream_default", before="c")),
          ["node synchronize_stream_default: synchronize_stream " + HOST,
-          "record_event(e, 1) after a and wait_event(e, 0) before c"]),
-        ("synchronize_event instead", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a"),
-                                            _ins(SYNC_EV, 1, before="c")),
-         ["node synchronize_event_default: synchronize_event " + HOST, "until event 1 has happened"]),
+          "the worked solution never blocks the host. Fix: remove it and let the streams wait instead of the CPU: "
+          "record_event(e, 1) after a, then wait_event(e, 0) before c"]),
+        ("synchronize_event instead", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a"),
+                                            _ins(SYNC_EV, 7, before="c")),
+         ["node synchronize_event_default: synchronize_event " + HOST, "until event 7 has happened"]),
         ("synchronize_device instead", _edit(_rm("synchronize_stream_default"), _ins(SYNC_DEV, before="c")),
          ["node synchronize_device_default: synchronize_device " + HOST, "until every stream has finished"]),
-        ("a record and no wait", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a")),
+        ("a record and no wait", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a")),
          ["race on a: c (stream 0) and a (stream 1)", "wait for it on stream 0 before c"]),
-        ("the wait before b", _edit(_rm("synchronize_stream_default"), _ins(REC, 1, 1, after="a"),
-                                    _ins(WAIT, 1, 0, before="b")),
-         ["makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle", "move it later"]),
+        ("the wait before b", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a"),
+                                    _ins(WAIT, 7, 0, before="b")),
+         ["makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle",
+          "Fix: move it later, just before the first node on stream 0 that needs event 7 (c: "
+          "move(gm, 'wait_event_default', before='c'))"]),
+        ("stop returning a", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a"),
+                                   _ins(WAIT, 7, 0, before="c"), _drop_output("a")),
+         ["work changed: node output returns c instead of c, a; fix: return c, a again"]),
     ],
     "course.acc_exercise": [
         # correction 17 joins the returned side-stream values (neg on 1, mm on 2) to stream 0: the worked solution has
@@ -289,7 +304,8 @@ WRONG = {
     ],
     "course.sync_exercise": [   # neg (stream 1) read by mul (stream 0), sin and cos (stream 2)
         ("one host sync", _edit(_ins(SYNC_ST, 1, after="neg")),
-         ["node synchronize_stream_default: synchronize_stream " + HOST, "wait_event(e, 2) before sin"]),
+         ["node synchronize_stream_default: synchronize_stream " + HOST,
+          "record_event(e, 1) after neg, then wait_event(e, 0) before mul and wait_event(e, 2) before sin"]),
         ("sin and cos read tangents_1", _edit(_rewire("sin", "neg", "tangents_1"), _rewire("cos", "neg", "tangents_1"),
                                               _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
          ["work changed: node sin reads tangents_1 instead of neg", "fix: make it read neg again"]),
@@ -307,13 +323,18 @@ WRONG = {
     ],
     "course.dealloc_exercise": [   # the seed's sync_dealloc_default right after mm's record: stream 0 stalls
         ("left where the seed puts it", _edit(),
-         ["makespan", "node sync_dealloc_default holds stream 0 idle", "to where event 3 has already happened"]),
+         ["makespan", "node sync_dealloc_default holds stream 0 idle", "to where event 3 (recorded after mm) has already "
+          "happened when stream 0 reaches it: after the first kernel of stream 0 that ends once mm has ended"]),
         ("at the very end", _edit(_mv("sync_dealloc_default", before="output")),
          ["node sync_dealloc_default: frees mul only after add_6, later than needed", "Fix: move(gm, 'sync_dealloc_default', after="]),
         ("removed", _edit(_rm("sync_dealloc_default")),
          ["unsafe reuse: mul's memory goes back to stream 0's pool", "mm (stream 1)"]),
-        ("one add too early", _edit(_mv("sync_dealloc_default", after="add_2")),
-         ["makespan", "node sync_dealloc_default holds stream 0 idle"]),
+        ("one add too early", _edit(_mv("sync_dealloc_default", after="add_3")),
+         ["makespan 43.18 µs; the best is 40.06 µs: node sync_dealloc_default holds stream 0 idle 3.12 µs",
+          "after the first kernel of stream 0 that ends once mm has ended"]),
+        ("two adds late", _edit(_mv("sync_dealloc_default", after="add_5")),
+         ["node sync_dealloc_default: frees mul only after add_5, later than needed",
+          "move(gm, 'sync_dealloc_default', after='add_4')"]),
     ],
     "course.control_deps_exercise": [
         ("nothing wrapped", _edit(),
@@ -399,3 +420,56 @@ def test_unjoined_output_in_words_names_an_in_place_writer():
     assert in_words(e) == ("unjoined output: add_ writes mul on stream 1 and the graph returns mul, but nothing makes "
                            "stream 0 (where the caller reads it) wait for add_. Fix: record an event on stream 1 after "
                            "add_ and wait for it on stream 0 before the output")
+
+
+def test_a_named_move_fixes_the_answer():
+    "Where a grade's fix is a `move(gm, ...)`, doing exactly that makes the answer correct."
+    done = 0
+    for name, cases in WRONG.items():
+        ex = all_exercises()[name]()
+        for mistake, make, _ in cases:
+            gm = make(ex)
+            for p in ex.check(gm).problems:
+                for what, side, where in re.findall(r"move\(gm, '(\w+)', (before|after)='(\w+)'\)", p):
+                    fixed = make(ex)
+                    move(fixed, what, **{side: where})
+                    assert ex.check(fixed).ok, f"{name}, {mistake}: the fix {what} {side} {where} is not enough:\n{ex.check(fixed)}"
+                    done += 1
+    assert done >= 3, done   # the primer's early wait, chapter 12's two late frees
+
+
+def test_other_right_answers_pass():
+    "The graders judge what an answer does, not whether it copies the worked solution: fewer syncs, no host block, passes."
+    from streamnb.primer import wait_exercise
+    ex = wait_exercise()
+    a = ex.start()
+    remove(a, "synchronize_stream_default")
+    insert(a, WAIT_STREAM, 0, 1, before="c")          # s0.wait_stream(s1) just before c: one op, stream-side
+    g = ex.check(a)
+    assert g.ok and (g.syncs, g.best_syncs) == (1, 2), str(g)
+
+
+def test_host_blocking_is_judged_without_the_timing_model(monkeypatch):
+    "A host sync is wrong even if the simulator says it costs nothing: the verdict reads the graph's stream ops."
+    from streamnb.primer import wait_exercise
+    ex = wait_exercise()
+    a = ex.start()
+    move(a, "synchronize_stream_default", before="c")
+    assert exmod.makespan_us(a, ex.cost) == pytest.approx(exmod.makespan_us(ex.best(), ex.cost))   # same makespan
+    monkeypatch.setattr(exmod, "slow_problems", lambda *a, **k: [])    # whatever the timing says
+    (p,) = ex.check(a).problems
+    assert p.startswith("node synchronize_stream_default: synchronize_stream blocks the host")
+
+
+def test_slower_without_a_longer_wait_names_the_late_node():
+    "A slower answer whose waits are no longer than the worked solution's: the first kernel that starts late is named."
+    a = solve(EX.start())
+    move(a, "b", after="wait_event_default")             # b issued behind the wait: it starts when a ends
+    (p,) = EX.check(a).problems
+    # the wait itself now idles stream 0 longer (b's 2 µs no longer fill it): named as the wait
+    assert p.startswith("makespan 8 µs; the best is 6 µs: node wait_event_default holds stream 0 idle"), p
+    c = exmod.slow_problems(EX.best(), a, EX.cost)
+    assert c == [p]
+    tl_best, tl = exmod.simulate(EX.best(), cost=EX.cost), exmod.simulate(a, cost=EX.cost)
+    assert tl.spans["b"][1] > tl_best.spans["b"][1]
+    assert exmod._later(EX.best(), a, EX.cost).startswith(": node b starts at 5 µs instead of 0 µs. Fix: issue it")

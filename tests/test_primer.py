@@ -108,8 +108,34 @@ def test_primer_exercise_grades():
     insert(slow, streams.record_event.default, 1, 1, after="a"); insert(slow, streams.wait_event.default, 1, 0, before="b")
     g = ex.check(slow)
     assert not g.ok and any(p.startswith("makespan 8") for p in g.problems)
-    unchanged = ex.check(ex.start())   # the host sync itself: correct but slow
+    unchanged = ex.check(ex.start())   # the start graph: a host sync before b, which blocks the host and delays b
     assert not unchanged.ok and unchanged.makespan_us == 8
+    assert unchanged.problems[0].startswith("node synchronize_stream_default: synchronize_stream blocks the host")
+    assert unchanged.problems[1].startswith("makespan 8 µs; the best is 6 µs")
+
+
+def test_bridge_table_names_real_ops():
+    """The primer's table from eager calls to graph ops: every graph op it names is a `torch.ops.streams` op, and the
+    ops it says block the host are exactly the ones `streamops` decodes as host syncs."""
+    import re
+    import nbformat
+    import torch
+    from pathlib import Path
+    from streamnb.streamops import OPS
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "nbs" / "00_primer.ipynb", as_version=4)
+    md = next(c.source for c in nb.cells if c.cell_type == "markdown" and "| eager PyTorch | in the graph | blocks |" in c.source)
+    rows = [[x.strip() for x in r.strip().strip("|").split("|")] for r in md.splitlines()
+            if r.startswith("| `") and r.count("|") >= 4]
+    named = {}
+    for eager, graph, blocks in rows:
+        for op in re.findall(r"`(\w+)\(", graph):
+            named[op] = blocks
+    assert {"record_event", "wait_event", "wait_stream", "record_stream", "synchronize_event", "synchronize_stream",
+            "synchronize_device"} <= set(named), named
+    for op, blocks in named.items():
+        assert hasattr(torch.ops.streams, op), op
+        spec = OPS[getattr(torch.ops.streams, op).default]
+        assert spec.kind == op and blocks.startswith("**the host**") == spec.host, (op, blocks)
 
 
 def test_bad_arguments():

@@ -4,8 +4,10 @@ Writes every notebook of settings.ini's `nbs_path` (found as nbdev finds them: n
 skipped) into FOLDER, read and written with nbdev's own notebook tools (`execnb.nbio.read_nb` / `write_nb`,
 `nbdev.process.extract_directives`), with:
 - the worked solutions gone: a cell marked `#| code-fold: true` is dropped, unless it is exported (`#| export`), in
-  which case the package needs it (the graders grade against it): its code is kept unchanged and collapsed
-  (`metadata.jupyter.source_hidden`, which Jupyter honours and settings.ini's `allowed_cell_metadata_keys` keeps);
+  which case the package needs it (the graders grade against it), or it defines a function or class that another cell
+  of the notebook calls (chapter 08's `solve`, which its exercise grades against and its examples use), in which case
+  the notebook needs it: such a cell is kept unchanged and collapsed (`metadata.jupyter.source_hidden`, which Jupyter
+  honours and settings.ini's `allowed_cell_metadata_keys` keeps), so that every notebook of the edition still runs;
 - the test lines gone: top-level `test_eq(...)`, `test_fail(...)`, `test_close(...)` ... calls (fastcore.test) and
   `assert` statements, whole statements even over several lines; a cell left with nothing but comments is dropped,
   a cell that lost lines loses its stored outputs;
@@ -66,6 +68,30 @@ def strip_tests(source: str) -> str:
     return "".join(l for i, l in enumerate(lines) if i not in drop).rstrip("\n")
 
 
+def _parse(source: str):
+    try: return ast.parse(source)
+    except SyntaxError: return None
+
+
+def defines(source: str) -> set[str]:
+    "The functions and classes a cell defines at top level."
+    tree = _parse(source)
+    return set() if tree is None else {s.name for s in tree.body
+                                       if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def uses(source: str) -> set[str]:
+    "The names a cell reads."
+    tree = _parse(source)
+    return set() if tree is None else {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def needed_elsewhere(cells, i: int) -> set[str]:
+    "What cell `i` defines (functions, classes) that another code cell of the notebook reads."
+    others = set().union(*(uses(c.source) for j, c in enumerate(cells) if j != i and c.cell_type == "code"))
+    return defines(cells[i].source) & others
+
+
 def _only_comments(source: str) -> bool:
     return all(not l.strip() or l.lstrip().startswith("#") for l in source.splitlines())
 
@@ -75,11 +101,12 @@ def student_nb(path: Path):
     from execnb.nbio import read_nb
     nb = read_nb(path)
     cells, n_sol, n_test = [], 0, 0
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         dirs = directives(cell)
         if cell.cell_type == "code" and is_solution(dirs):
-            n_sol += 1
-            if not is_exported(dirs): continue
+            if not is_exported(dirs) and not needed_elsewhere(nb.cells, i):
+                n_sol += 1
+                continue
             cell.metadata = {**cell.get("metadata", {}), "jupyter": {"source_hidden": True}}
         elif cell.cell_type == "code" and not is_exported(dirs) and cell.source.strip():
             new = strip_tests(cell.source)
