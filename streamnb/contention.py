@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from torch.fx import Node
 
 from .graph import StreamnbError
-from .cost import DeviceSpec, get_device_spec, get_roofline_estimate
+from .cost import DeviceSpec, get_device_spec, get_roofline_estimate, kernel_times, work_occupancy
 
 # %% auto #0
 __all__ = ['SM_COUNTS', 'ELEMENTS_PER_BLOCK', 'Demand', 'sm_count', 'occupancy', 'kernel_demand', 'DemandError',
@@ -31,7 +31,7 @@ class Demand(NamedTuple):
     memory: float = 0.0
 
 # %% ../nbs/04a_contention.ipynb #b52c85bf
-SM_COUNTS: dict[str, int] = {   # SMs per device; DeviceSpec (chapter 03) has no SM count
+SM_COUNTS: dict[str, int] = {   # SMs per device, for a DeviceSpec made without `sm_count` (the table's rows have it)
     "H100": 132,   # H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper)
     "H200": 132,   # the same GH100 configuration as H100 SXM5
     "A100": 108,   # NVIDIA A100 Tensor Core GPU Architecture whitepaper
@@ -39,10 +39,10 @@ SM_COUNTS: dict[str, int] = {   # SMs per device; DeviceSpec (chapter 03) has no
 ELEMENTS_PER_BLOCK = 1024   # one thread block per 1024 elements: a typical pointwise kernel's block (a model constant)
 
 def sm_count(device: str | DeviceSpec) -> int:
-    "The number of SMs of `device` (a DeviceSpec's own `sm_count` if it has one, else `SM_COUNTS`)."
+    "The number of SMs of `device` (its `sm_count`, else `SM_COUNTS`)."
     spec = get_device_spec(device)
-    n = getattr(spec, "sm_count", None) or SM_COUNTS.get(spec.name)
-    if not n: raise StreamnbError(f"device {spec.name}: no SM count (add it to SM_COUNTS)")
+    n = spec.sm_count or SM_COUNTS.get(spec.name)
+    if not n: raise StreamnbError(f"device {spec.name}: no SM count (give the DeviceSpec an sm_count)")
     return n
 
 # %% ../nbs/04a_contention.ipynb #d370e28d
@@ -62,9 +62,13 @@ def _split(spec: DeviceSpec) -> tuple[DeviceSpec, DeviceSpec]:
 
 # %% ../nbs/04a_contention.ipynb #2ace9fac
 def kernel_demand(node: Node, ms: float, device: str | DeviceSpec = "H100") -> Demand:
-    "`node`'s `Demand` on `device` when it takes `ms` alone: roofline compute and transfer times over `ms`, capped by occupancy."
+    """`node`'s `Demand` on `device` when it takes `ms` alone: roofline compute and transfer times over `ms`, capped by
+    occupancy (of its largest tensor's blocks; on a calibrated device, of its work: chapter 03's `work_occupancy`)."""
     if ms <= 0: return Demand()
     spec = get_device_spec(device)
+    if spec.threads_per_sm:   # calibrated: its work fills `occ` of the SMs; the rest of its time is fixed cost
+        compute, memory = kernel_times(node, spec)
+        return Demand(min(work_occupancy(node, spec), compute / ms), min(1.0, memory / ms))
     compute_only, memory_only = _split(spec)
     compute = get_roofline_estimate(node, device=compute_only)
     memory = get_roofline_estimate(node, device=memory_only)
@@ -106,8 +110,9 @@ def _value(t): return t.v if type(t) is _At else t
 # %% ../nbs/04a_contention.ipynb #c3156728
 class ContendedClock:
     "A clock for `simulate`: times stay open until `play` shares the device among the running kernels and fills them in."
-    def __init__(self, demand: Callable[[Node, float], Demand]):
-        self.demand, self.times, self.kernels = demand, [], []   # kernels: (start, ms, Demand, end)
+    def __init__(self, demand: Callable[[Node, float], Demand], dispatch: float = 0.0):
+        self.demand, self.times, self.kernels = demand, [], []   # kernels: (ready, ms, Demand, end, start)
+        self.dispatch = dispatch   # ms between two kernel starts, device-wide (`DeviceSpec.dispatch_us`)
 
     value = staticmethod(_value)   # a played time's value (a number stays as it is): what `settle` writes
 
@@ -121,8 +126,10 @@ class ContendedClock:
         if c == 0 or type(t) is not _At: return t + c if c else t
         u = _At((t,), c); self.times.append(u); return u
 
-    def run(self, node: Node, start, ms: float) -> _At:
-        end = _At(); self.kernels.append((start, ms, self.demand(node, ms), end)); return end
+    def run(self, node: Node, ready, ms: float) -> tuple:
+        "Queue a kernel that may start at `ready`; its (start, end): the start is `ready` unless dispatch delays it."
+        start = _At() if self.dispatch else ready
+        end = _At(); self.kernels.append((ready, ms, self.demand(node, ms), end, start)); return start, end
 
 # %% ../nbs/04a_contention.ipynb #3dc288fb
 def fair_level(demands: list[float]) -> float:
@@ -166,6 +173,7 @@ def _play(self: ContendedClock) -> None:
         else: queue.append((start, i))
     heapq.heapify(queue)
     running = {}   # kernel -> [t_last, remaining ms, rate, demand, end]
+    dispatched = -math.inf   # the earliest time the next kernel may start
     while queue or running:
         nxt, tf = None, math.inf
         for i, (t0, rem, rate, _, _) in running.items():
@@ -174,8 +182,11 @@ def _play(self: ContendedClock) -> None:
             now = tf; _fill(running.pop(nxt)[4], now, queue)
         else:
             now, i = heapq.heappop(queue)
-            _, ms, demand, end = self.kernels[i]
+            _, ms, demand, end, start = self.kernels[i]
+            if ms > 0 and now < dispatched: heapq.heappush(queue, (dispatched, i)); continue   # the GPU's front end is busy
+            if start is not self.kernels[i][0]: _fill(start, now, queue)   # its own start time (dispatch > 0)
             if ms == 0: _fill(end, now, queue); continue
+            dispatched = now + self.dispatch
             running[i] = [now, ms, None, demand, end]
         for i, rate in _rates(running).items():
             k = running[i]

@@ -19,13 +19,15 @@ from torch.utils.flop_counter import flop_registry
 from .graph import StreamnbError, correction, flat_args, get_val, is_control_deps
 
 # %% auto #0
-__all__ = ['DEVICE_SPECS', 'DeviceSpec', 'get_device_spec', 'is_free_op', 'val_nodes', 'SeedCost', 'CorrectedCost',
-           'get_roofline_estimate']
+__all__ = ['DEVICE_SPECS', 'CALIBRATION', 'DeviceSpec', 'get_device_spec', 'calibrated', 'is_free_op', 'val_nodes',
+           'kernel_times', 'work_elements', 'work_occupancy', 'SeedCost', 'CorrectedCost', 'get_roofline_estimate']
 
 # %% ../nbs/03_cost.ipynb #5d20c548
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
-    "Dense datasheet peaks of one accelerator: TFLOP/s per dtype and DRAM bandwidth in GB/s."
+    """Dense datasheet peaks of one accelerator (TFLOP/s per dtype, DRAM GB/s, SMs), and what real kernels add to
+    them (the fields after `source`). Those default to the *ideal* model: every kernel at its full-device roofline time,
+    free to issue and to dispatch; `calibrated(name)` gives the same device with measured values (chapter 04b)."""
     name: str
     bf16_tflops: float
     fp16_tflops: float
@@ -34,6 +36,15 @@ class DeviceSpec:
     fp64_tflops: float   # FP64 tensor cores
     hbm_gbps: float
     source: str = ""     # where the numbers come from (a URL); every row of DEVICE_SPECS has one
+    sm_count: int = 0               # streaming multiprocessors (0: not given)
+    compute_efficiency: float = 0.75  # fraction of the dense peak a kernel that fills the device reaches (torch's 75%)
+    threads_per_sm: int = 0         # resident threads per SM; 0: ideal (every kernel fills the device)
+    kernel_fixed_us: float = 0.0    # GPU time per kernel (launch, ramp-up, tail) that other streams overlap
+    host_issue_us: float = 0.0      # host time to issue one kernel (`simulate`'s default `launch_overhead`)
+    host_wake_us: float = 0.0       # host time after each blocking sync (the call and the thread's wake-up)
+    dispatch_us: float = 0.0        # device-wide: at least this long between two kernel starts (1 / dispatch rate)
+    bw_efficiency: float = 1.0      # achievable fraction of `hbm_gbps`
+    conv_tf32: bool = False         # float32 convolutions run in TF32 (PyTorch's cuDNN default, Ampere and later)
 
     def peak_tflops(self, dtype: torch.dtype, tf32: bool = False) -> float:
         "Dense peak TFLOP/s for results of `dtype` (`tf32`: float32 matmuls use TF32 tensor cores)."
@@ -42,14 +53,31 @@ class DeviceSpec:
         if dtype not in table: raise StreamnbError(f"device {self.name}: no peak TFLOP/s for dtype {dtype}")
         return table[dtype]
 
+    @property
+    def ideal(self) -> bool:
+        "True when nothing of what real kernels add is set: the model of chapters 03-04."
+        return self == dataclasses.replace(self, **{f.name: f.default for f in dataclasses.fields(self)
+                                                     if f.name in _REALISM})
+
 # %% ../nbs/03_cost.ipynb #3521de91
+_REALISM = ("compute_efficiency", "threads_per_sm", "kernel_fixed_us", "host_issue_us", "host_wake_us", "dispatch_us", "bw_efficiency",
+            "conv_tf32")
+
 DEVICE_SPECS: dict[str, DeviceSpec] = {s.name: s for s in [
     DeviceSpec("H100", bf16_tflops=989.4, fp16_tflops=989.4, tf32_tflops=494.7, fp32_tflops=66.9, fp64_tflops=66.9,
-               hbm_gbps=3350.0, source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5; tensor figures there are with sparsity, halved here)"),
+               hbm_gbps=3350.0, sm_count=132, source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5; tensor figures there are with sparsity, halved here)"),
     DeviceSpec("H200", bf16_tflops=989.4, fp16_tflops=989.4, tf32_tflops=494.7, fp32_tflops=66.9, fp64_tflops=66.9,
-               hbm_gbps=4800.0, source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM; tensor figures there are with sparsity, halved here)"),
+               hbm_gbps=4800.0, sm_count=132, source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM; tensor figures there are with sparsity, halved here)"),
     DeviceSpec("A100", bf16_tflops=312.0, fp16_tflops=312.0, tf32_tflops=156.0, fp32_tflops=19.5, fp64_tflops=19.5,
-               hbm_gbps=2039.0, source="https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM 80GB; dense figures)"),
+               hbm_gbps=2039.0, sm_count=108, source="https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM 80GB; dense figures)"),
+    DeviceSpec("A100-40GB", bf16_tflops=312.0, fp16_tflops=312.0, tf32_tflops=156.0, fp32_tflops=19.5, fp64_tflops=19.5,
+               hbm_gbps=1555.0, sm_count=108, source="https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM 40GB; dense figures)"),
+    DeviceSpec("V100", bf16_tflops=15.7, fp16_tflops=125.0, tf32_tflops=15.7, fp32_tflops=15.7, fp64_tflops=7.8,
+               hbm_gbps=900.0, sm_count=80, source="https://www.nvidia.com/en-us/data-center/v100/ (V100 SXM2; no TF32 "
+               "or BF16 tensor cores: those dtypes run at the FP32 rate)"),
+    DeviceSpec("L4", bf16_tflops=121.0, fp16_tflops=121.0, tf32_tflops=60.0, fp32_tflops=30.3, fp64_tflops=0.47,
+               hbm_gbps=300.0, sm_count=58, source="https://www.nvidia.com/en-us/data-center/l4/ (L4, GDDR6; tensor "
+               "figures there are with sparsity, halved here; FP64 is 1/64 of FP32)"),
 ]}
 
 # %% ../nbs/03_cost.ipynb #4603067f
@@ -60,6 +88,36 @@ def get_device_spec(device: str | DeviceSpec) -> DeviceSpec:
     except KeyError:
         raise StreamnbError(f"unknown device {device!r}; known devices: {', '.join(DEVICE_SPECS)} "
                             "(or pass your own DeviceSpec)") from None
+
+# %% ../nbs/03_cost.ipynb #ffef4116
+CALIBRATION: dict[str, tuple[Any, str]] = {   # field -> (value, source); `calibrated` applies them
+    "compute_efficiency": (0.5, "tuned (chapter 04b) on IOS's measured one-stream latencies (V100, batch 1, cuDNN 7.6.5, "
+                           "FP32); torch's estimator assumes 0.75"),
+    "threads_per_sm": (2048, "CUDA C++ Programming Guide, 'Compute Capabilities' table: 2048 resident threads per SM "
+                       "on V100, A100, H100, H200 (1536 on L4, sm_89)"),
+    "kernel_fixed_us": (3.0, "tuned (chapter 04b) on IOS's measured multi-stream speedups, among 1, 2, 3, 4 us; NVIDIA's "
+                        "'Getting Started with CUDA Graphs' blog (V100) times a trivial kernel at 2.9 us from launch to end"),
+    "host_issue_us": (3.8, "NVIDIA blog 'Getting Started with CUDA Graphs' (https://developer.nvidia.com/blog/cuda-graphs/): "
+                      "back-to-back launches of a 2.9 us kernel from C++ take 3.8 us each; PyTorch eager adds more"),
+    "host_wake_us": (5.8, "same blog: with a cudaStreamSynchronize after each kernel, 9.6 us each instead of 3.8 us"),
+    "dispatch_us": (0.5, "same blog: a CUDA graph replays the kernels at 3.4 us each for 2.9 us of work (~0.5 us between "
+                    "kernel starts)"),
+    "bw_efficiency": (0.9, "BabelStream/STREAM-style triad results reach about 90% of datasheet HBM bandwidth on "
+                      "V100 and A100 (estimate)"),
+    "conv_tf32": (True, "PyTorch docs, 'TensorFloat-32 (TF32) on Ampere (and later) devices': cuDNN convolutions use "
+                  "TF32 by default, matmuls do not (only on devices with TF32 tensor cores)"),
+}
+_THREADS_PER_SM = {"L4": 1536}       # Ada (sm_89)
+_NO_TF32 = {"V100"}                  # Volta has no TF32 tensor cores
+
+def calibrated(device: str | DeviceSpec) -> DeviceSpec:
+    "`device` (a name or a `DeviceSpec`) with the `CALIBRATION` values: what chapter 04b checks against measurements."
+    spec = get_device_spec(device)
+    if not spec.sm_count: raise StreamnbError(f"device {spec.name}: calibrated needs its sm_count")
+    values = {f: v for f, (v, _) in CALIBRATION.items()}
+    values["threads_per_sm"] = _THREADS_PER_SM.get(spec.name, values["threads_per_sm"])
+    values["conv_tf32"] = values["conv_tf32"] and spec.name not in _NO_TF32
+    return dataclasses.replace(spec, **values)
 
 # %% ../nbs/03_cost.ipynb #d340f034
 def _seed_transfer_ns(flat_args_kwargs, flat_outs, spec: DeviceSpec) -> float:
@@ -123,14 +181,27 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 # %% ../nbs/03_cost.ipynb #9df13989
-def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
+_aten = torch.ops.aten
+_CONVOLUTIONS = {_aten.convolution, _aten._convolution}
+_OUTPUT_PARALLEL = {*_CONVOLUTIONS, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.embedding}
+
+def _nbytes(node: Node, out: Any, inputs: list) -> int:
+    "Bytes a kernel moves: its distinct inputs read and its output written; a lookup reads only the rows it returns."
+    if _packet(node.target) is _aten.embedding:   # embedding(weight, indices): the rows read are the output's size
+        return sum(get_num_bytes(t) for t in _tensors(inputs[1:]) + 2 * _tensors(out))
+    return sum(get_num_bytes(t) for t in _tensors(inputs) + _tensors(out))
+
+def kernel_times(node: Node, spec: DeviceSpec, efficiency: float | None = None, tf32: bool = False) -> tuple[float, float]:
+    """`node`'s compute and memory times in ms with the whole device: FLOPs at `efficiency` (default the device's
+    `compute_efficiency`) × the dense peak of its output dtype, bytes at the datasheet bandwidth. `tf32`, or
+    `spec.conv_tf32` for a convolution: float32 at the TF32 rate."""
+    if efficiency is None: efficiency = spec.compute_efficiency
     if node.op != "call_function":
         raise StreamnbError(f"node {node.name}: only call_function nodes have a cost, not {node.op}")
-    if is_free_op(node): return 0.0
+    if is_free_op(node): return 0.0, 0.0
     out = get_val(node)
     inputs = [get_val(a) for a in dict.fromkeys(flat_args(node))]
-    nbytes = sum(get_num_bytes(t) for t in _tensors(inputs) + _tensors(out))
-    transfer_ms = nbytes / (spec.hbm_gbps * 1e9) * 1e3
+    transfer_ms = _nbytes(node, out, inputs) / (spec.hbm_gbps * 1e9) * 1e3
     compute_ms = 0.0
     packet = _packet(node.target)
     if packet in flop_registry:
@@ -138,8 +209,30 @@ def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> fl
         flops = flop_registry[packet](*map_arg(node.args, val), **map_arg(node.kwargs, val), out_val=out)
         dtypes = [t.dtype for t in _tensors(out) if t.dtype in _FLOAT_TYPES]
         if flops and dtypes:   # several float outputs (rare): the first one's dtype sets the peak
+            tf32 = tf32 or (spec.conv_tf32 and packet in _CONVOLUTIONS)
             compute_ms = flops / (spec.peak_tflops(dtypes[0], tf32) * 1e12 * efficiency) * 1e3
-    return max(compute_ms, transfer_ms)
+    return compute_ms, transfer_ms
+
+# %% ../nbs/03_cost.ipynb #19a3a667
+def work_elements(node: Node) -> int:
+    "The elements `node`'s threads are spread over: a convolution's, matmul's or lookup's output (not its weights), else its largest tensor."
+    out = _tensors(get_val(node))
+    if _packet(node.target) not in _OUTPUT_PARALLEL:
+        out += _tensors([get_val(a) for a in dict.fromkeys(flat_args(node))])
+    return max((t.numel() for t in out), default=0)
+
+def work_occupancy(node: Node, spec: DeviceSpec) -> float:
+    "The fraction of `spec`'s SMs `node`'s work fills: `work_elements` over `sm_count × threads_per_sm` (1.0 in the ideal model)."
+    if not spec.threads_per_sm: return 1.0
+    if not spec.sm_count: raise StreamnbError(f"device {spec.name}: threads_per_sm is set but sm_count is not")
+    return min(1.0, max(1, work_elements(node)) / (spec.sm_count * spec.threads_per_sm))
+
+# %% ../nbs/03_cost.ipynb #e3d08d87
+def _estimate(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> float:
+    compute_ms, transfer_ms = kernel_times(node, spec, efficiency, tf32)
+    if compute_ms == transfer_ms == 0.0 and is_free_op(node): return 0.0
+    # ideal fields (chapter 03's model): occupancy 1, no fixed time, full bandwidth -> max(compute_ms, transfer_ms)
+    return spec.kernel_fixed_us / 1e3 + max(compute_ms / work_occupancy(node, spec), transfer_ms / spec.bw_efficiency)
 
 # %% ../nbs/03_cost.ipynb #dd3f3849
 class SeedCost:
@@ -165,11 +258,14 @@ class CorrectedCost(SeedCost):
 
 # %% ../nbs/03_cost.ipynb #13486924
 def get_roofline_estimate(node: Node, *, upstream: bool = False, device: str | DeviceSpec = "H100",
-                          efficiency: float = 0.75, tf32: bool = False) -> float:
+                          efficiency: float | None = None, tf32: bool = False) -> float:
     """Estimated run time of `node` in ms on `device`.
     `upstream=True`: the seed's estimate (reads `meta['value']`; 0.0 in real pipelines); it always uses 75% of peak.
-    Default: FLOPs from `flop_registry` by the op's packet, bytes from `meta['val']`, `efficiency` × dense peak."""
+    Default: FLOPs from `flop_registry` by the op's packet, bytes from `meta['val']`, `efficiency` × dense peak
+    (`efficiency` None: the device's `compute_efficiency`, 0.75 in the table's rows); on a `calibrated` device also the
+    fixed time per kernel, the occupancy of its work and the achievable bandwidth (section "What real kernels add")."""
     p = SeedCost() if upstream else CorrectedCost()
     spec = get_device_spec(device)
+    if efficiency is None: efficiency = 0.75 if upstream else spec.compute_efficiency   # the seed's 75%; the device's
     p.check(efficiency)
     return p.estimate(node, spec, efficiency, tf32)

@@ -19,7 +19,7 @@ from torch.fx import GraphModule, Node
 from .graph import StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, validate
 from .streamops import (StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view, owner,
                                physical_stream, storages)
-from .cost import DeviceSpec, get_roofline_estimate
+from .cost import DeviceSpec, get_device_spec, get_roofline_estimate
 from .contention import ContendedClock, demand_function
 
 # %% auto #0
@@ -174,14 +174,14 @@ class FreeClock:
     @staticmethod
     def plus(t: float, c: float) -> float: return t + c
     @staticmethod
-    def run(node: Node, start: float, ms: float) -> float: return start + ms
+    def run(node: Node, ready: float, ms: float) -> tuple[float, float]: return ready, ready + ms   # (start, end)
 
 # %% ../nbs/04_simulate.ipynb #460dc74f
 class SimState:
     "The simulator's clocks and records while it walks a graph."
-    def __init__(self, current: int, launch_overhead: float = 0.0, clock=None):
+    def __init__(self, current: int, launch_overhead: float = 0.0, clock=None, host_wake: float = 0.0):
         self.tl = Timeline(current_stream=current)
-        self.host, self.launch_overhead = 0.0, launch_overhead
+        self.host, self.launch_overhead, self.host_wake = 0.0, launch_overhead, host_wake
         self.clk = clock if clock is not None else FreeClock   # how times combine: max, +, a kernel's end
         self.tail: dict[int, float] = {}              # stream -> time its issued work is done
         self.vc = VectorClocks()                      # happens-before
@@ -209,7 +209,7 @@ def launch(st: SimState, node: Node, s: int, ms: float, inputs: list[Node]) -> N
     "Issue kernel `node` (taking `ms`) to stream `s`; check its cross-stream `inputs` (memory bases)."
     st.stream(s)
     st.host = st.clk.plus(st.host, st.launch_overhead)
-    start = st.now(s); end = st.clk.run(node, start, ms)
+    start, end = st.clk.run(node, st.now(s), ms)
     k = st.vc.launch(s)
     st.tail[s] = end
     st.seq[node] = (s, k, end)
@@ -256,10 +256,11 @@ def wait_stream(st: SimState, name: str, waiting: int, waited_on: int) -> None:
 
 # %% ../nbs/04_simulate.ipynb #e106bb27
 def _host_hold(st: SimState, name: str, op: str, until: float, on: str, event=None) -> float:
-    t0 = st.host; st.host = st.clk.mx(st.host, until)
-    st.tl.waits.append(Wait(name, op, None, on, t0, st.host))
-    st.tl.syncs.append(SyncOp(name, op, None, t0, st.host, event=event))
-    return st.host
+    t0 = st.host; t1 = st.clk.mx(st.host, until)
+    st.tl.waits.append(Wait(name, op, None, on, t0, t1))
+    st.tl.syncs.append(SyncOp(name, op, None, t0, t1, event=event))
+    st.host = st.clk.plus(t1, st.host_wake)   # the host wakes up before it issues again
+    return t1
 
 # %% ../nbs/04_simulate.ipynb #09f15008
 def synchronize_event(st: SimState, name: str, e: int) -> None:
@@ -315,7 +316,7 @@ def _memory_curve(deltas: list[tuple[float, int]]) -> tuple[list[tuple[float, in
     return curve, peak
 
 # %% ../nbs/04_simulate.ipynb #aea1010f
-def _cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, device: str) -> Callable[[Node], float]:
+def _cost_function(cost: Callable[[Node], float] | Mapping[str, float] | None, device: str | DeviceSpec) -> Callable[[Node], float]:
     "Turn `simulate`'s `cost` argument into a checked `node -> ms` function."
     if cost is None: raw = lambda n: get_roofline_estimate(n, device=device)
     elif isinstance(cost, Mapping):
@@ -369,25 +370,32 @@ def _check_args(gm, cost, device, registry, launch_overhead, name) -> None:
     if not isinstance(device, (str, DeviceSpec)): raise TypeError(f"device: expected a name or a DeviceSpec, got {type(device).__name__}")
     if registry is not None and not isinstance(registry, StreamRegistry):
         raise TypeError(f"registry: expected a StreamRegistry or None, got {type(registry).__name__}")
-    if isinstance(launch_overhead, bool) or not isinstance(launch_overhead, numbers.Real) or not launch_overhead >= 0:
-        raise TypeError(f"launch_overhead: expected a non-negative number of ms, got {launch_overhead!r}")
+    if launch_overhead is not None and (isinstance(launch_overhead, bool) or not isinstance(launch_overhead, numbers.Real)
+                                        or not launch_overhead >= 0):
+        raise TypeError(f"launch_overhead: expected a non-negative number of ms or None, got {launch_overhead!r}")
     if name is not None and not isinstance(name, str): raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
     validate(gm)           # lint, stream annotations, call_module with a stream, text vals
     check_stream_ops(gm)
 
 # %% ../nbs/04_simulate.ipynb #c2fc95f7
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
-             device: str = "H100", registry: StreamRegistry | None = None, launch_overhead: float = 0.0,
-             name: str | None = None, contention: bool | Mapping | Callable = False) -> Timeline:
+             device: str | DeviceSpec = "H100", registry: StreamRegistry | None = None,
+             launch_overhead: float | None = None, name: str | None = None,
+             contention: bool | Mapping | Callable = False) -> Timeline:
     """Simulate `gm` on its streams: the host issues nodes in graph order, kernels take `cost(node)` ms (default: the
     roofline estimate on `device`), only streams and syncs order them. Returns a `Timeline`.
+    `device`: a name of the device table (the ideal model) or a `DeviceSpec`, e.g. `calibrated("V100")` (chapter 03):
+    its `host_issue_us` is the default `launch_overhead` (ms per kernel issued), its `host_wake_us` what each host
+    sync costs the host, its `dispatch_us` (with contention) the device-wide gap between kernel starts.
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04a); or a table / function giving each kernel's
     `Demand` by hand."""
     _check_args(gm, cost, device, registry, launch_overhead, name)
     reg = registry if registry is not None else get_registry()
-    clock = None if contention is False else ContendedClock(demand_function(contention, device))
-    st = SimState(current_stream_key(reg), launch_overhead, clock)
+    spec = get_device_spec(device)
+    clock = None if contention is False else ContendedClock(demand_function(contention, spec), spec.dispatch_us / 1e3)
+    issue = spec.host_issue_us / 1e3 if launch_overhead is None else launch_overhead
+    st = SimState(current_stream_key(reg), issue, clock, spec.host_wake_us / 1e3)
     phys = lambda i: physical_stream(i, reg)
     cost_of = _cost_function(cost, device)
     nodes = list(gm.graph.nodes)

@@ -533,3 +533,82 @@ def test_malformed_stream_op_is_an_error_not_the_current_stream(args):
     w.args = args
     with pytest.raises(StreamOpError, match=f"^node {w.name}: "):
         simulate(gm, cost=lambda n: 0.001)
+
+
+# --- what real kernels add (chapter 03's `calibrated` devices): each field of DeviceSpec by hand. The table's rows keep
+# them at their ideal defaults, so every test above is the ideal model unchanged.
+
+import dataclasses
+
+from streamnb.contention import Demand
+from streamnb.cost import calibrated, get_device_spec
+from streamnb.simulator import us
+
+
+def _h100(**fields):
+    return dataclasses.replace(get_device_spec("H100"), **fields)
+
+
+def test_host_wake_makes_a_blocking_host_slower():
+    # p (10 µs) on stream 1; the host blocks on stream 1, wakes up (5 µs), then issues q (10 µs):
+    # ideal: p 0-10, q 10-20; with host_wake_us=5: q 15-25. A program that does not block runs p and q side by side.
+    def graph(block):
+        b = GraphBuilder()
+        x = b.input("x")
+        p = b.op(aten.neg.default, x, stream=1, name="p")
+        if block: b.sync(streams.synchronize_stream.default, 1)
+        q = b.op(aten.neg.default, x, stream=2, name="q")
+        return b.output(p, q)
+    cost = {"p": us(10), "q": us(10)}
+    assert simulate(graph(True), cost=cost).spans["q"] == (2, us(10), us(20))
+    woke = simulate(graph(True), cost=cost, device=_h100(host_wake_us=5.0))
+    assert woke.spans["q"] == (2, pytest.approx(us(15)), pytest.approx(us(25)))
+    assert [(w.op, w.start, w.end) for w in woke.waits] == [("synchronize_stream", 0.0, us(10))]   # the wait itself
+    assert woke.makespan == pytest.approx(us(25))
+    assert simulate(graph(False), cost=cost, device=_h100(host_wake_us=5.0)).makespan == us(10)
+    assert calibrated("H100").host_wake_us > 0      # the calibrated model charges it
+
+
+def test_launch_overhead_defaults_to_the_devices_host_issue():
+    # host_issue_us=2: the host issues k0, k1, k2 at 2, 4, 6 µs; each takes 0.1 µs: k2 ends at 6.1 µs.
+    tl = simulate(chain([0.1] * 3), cost=lambda n: us(0.1), device=_h100(host_issue_us=2.0))
+    assert [tl.spans[f"k{i}"][1] for i in range(3)] == pytest.approx([us(2), us(4), us(6)])
+    assert tl.makespan == pytest.approx(us(6.1))
+    assert simulate(chain([0.1] * 3), cost=lambda n: us(0.1), device=_h100(host_issue_us=2.0),
+                    launch_overhead=0.0).makespan == pytest.approx(us(0.3))   # an explicit launch_overhead wins
+
+
+def test_dispatch_rate_spaces_kernel_starts_across_streams():
+    # a and b, 10 µs each, on two streams, ready at 0, tiny demands: with dispatch_us=1 the GPU starts a at 0 and b at
+    # 1 µs (b ends at 11 µs); without contention the dispatch rate is not modelled (both start at 0).
+    b = GraphBuilder()
+    x = b.input("x")
+    gm = b.output(b.op(aten.neg.default, x, stream=1, name="a"), b.op(aten.neg.default, x, stream=2, name="b"))
+    small = {"a": Demand(0.01, 0.01), "b": Demand(0.01, 0.01)}
+    cost = {"a": us(10), "b": us(10)}
+    tl = simulate(gm, cost=cost, contention=small, device=_h100(dispatch_us=1.0))
+    assert tl.spans == {"a": (1, 0.0, us(10)), "b": (2, us(1), pytest.approx(us(11)))}
+    assert tl.makespan == pytest.approx(us(11))
+    assert simulate(gm, cost=cost, contention=small).spans["b"] == (2, 0.0, us(10))
+    assert simulate(gm, cost=cost, device=_h100(dispatch_us=1.0)).spans["b"] == (2, 0.0, us(10))
+
+
+def test_calibrated_kernels_overlap_their_fixed_time_and_idle_sms():
+    # Two 1×1 convolutions 1280 -> 320 on an 8×8 map (float32, V100, calibrated), on two streams, no host cost:
+    # alone each takes 3 µs + 6.68 µs / 0.125 (occupancy 20480 / (80 · 2048)) = 56.4 µs, with compute demand
+    # 6.68 / 56.4 = 0.118 < 0.125: together they ask 0.237 of the device, so both run at full speed side by side;
+    # the second starts 0.5 µs later (dispatch). One stream: 2 × 56.4 µs.
+    def convs(same):
+        b = GraphBuilder()
+        x, w = b.input("x", shape=(1, 1280, 8, 8)), b.input("w", shape=(320, 1280, 1, 1))
+        c = [b.op(aten.convolution.default, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, stream=1 if same else s,
+                  name=f"c{s}") for s in (1, 2)]
+        return b.output(*c)
+    v100 = dataclasses.replace(calibrated("V100"), host_issue_us=0.0)
+    one_ms = 3e-3 + 52428800 / (0.5 * 15.7e12 * 0.125) * 1e3
+    two = simulate(convs(False), device=v100, contention=True)
+    assert two.spans["c2"] == (2, pytest.approx(us(0.5)), pytest.approx(us(0.5) + one_ms))
+    assert two.makespan == pytest.approx(us(0.5) + one_ms)
+    assert simulate(convs(True), device=v100, contention=True).makespan == pytest.approx(2 * one_ms)
+    ideal = simulate(convs(True), device="V100", contention=True).makespan      # the ideal model: 2 × 4.45 µs
+    assert ideal == pytest.approx(2 * 52428800 / (0.75 * 15.7e12) * 1e3)
