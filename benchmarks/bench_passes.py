@@ -75,6 +75,7 @@ printed says which streamnb ran):
 
     python benchmarks/bench_passes.py [--shapes backward stress dag] [--sizes 10000 40000 100000] [--repeat 1]
                                       [--paths aot like pipeline] [--kinds lazy [plain]] [--layer 20] [--no-memory] [--no-check]
+                                      [--clock wall|cpu]
                                       [--profile [--profile-out DIR]]
 """
 from __future__ import annotations
@@ -124,6 +125,8 @@ COLS = list(PASS_SHORT.values()) + ["codegen", "total"]
 ROWS = ("torch 2.13", "streamnb upstream", "streamnb default")
 KINDS = ("lazy", "plain")
 LAYER = 20   # nodes per layer of the backward shape (--layer)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]   # what the measurements read (--clock)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Shapes
@@ -198,9 +201,9 @@ def timers(namespace, times: dict):
     "Wrap the pass functions named in `namespace` with a timer that adds into `times[short name]`."
     def timed(fn, short):
         def run(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = clock()
             try: return fn(*args, **kwargs)
-            finally: times[short] = times.get(short, 0.0) + time.perf_counter() - t0
+            finally: times[short] = times.get(short, 0.0) + clock() - t0
         return run
     with contextlib.ExitStack() as st:
         for name, short in PASS_SHORT.items():
@@ -216,9 +219,9 @@ def run_torch(gm: GraphModule, times: dict, impl: str = "torch") -> None:
     mod = oracle.load_impl(impl)
     with oracle.torch_env(mod, oracle.Counter()), oracle.availability("gpu"):
         for p in oracle.PIPELINE:
-            t0 = time.perf_counter()
+            t0 = clock()
             getattr(mod, p)(gm)
-            times[PASS_SHORT[p]] = time.perf_counter() - t0
+            times[PASS_SHORT[p]] = clock() - t0
 
 
 def run_streamnb(upstream: bool):
@@ -248,9 +251,9 @@ def run_alone(upstream: bool):
             for name in PIPELINE_ORDER:
                 fn = P.STREAM_PASSES[name]
                 kw = streamnb_kw(upstream) if name == "sync_deallocations" else {}
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn(gm, upstream=upstream, **kw)
-                times[PASS_SHORT[name]] = time.perf_counter() - t0
+                times[PASS_SHORT[name]] = clock() - t0
     return run
 
 
@@ -306,13 +309,13 @@ def timed_run(row, gm: GraphModule, kind: str, gc_stats: dict | None = None) -> 
     try:
         before = gc_state()
         with gc_watch(gc_stats) if gc_stats is not None else contextlib.nullcontext():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(gm, times)
-            t1 = time.perf_counter()
+            t1 = clock()
             if kind == "plain":
                 _LazyGraphModule.force_recompile(gm)   # a no-op unless the module is lazy and not yet compiled
                 gm.code
-            t2 = time.perf_counter()
+            t2 = clock()
         after = gc_state()
     finally:
         if off: gc.enable()
@@ -460,10 +463,15 @@ def main(argv=None) -> int:
     ap.add_argument("--layer", type=int, default=LAYER, help="nodes per layer of the backward shape (>= 15)")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     ap.add_argument("--no-check", action="store_true", help="skip the identity check against the seed")
+    ap.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                    help="wall: time.perf_counter; cpu: time.process_time, this process's CPU time only (less noisy when "
+                         "other jobs share the cores; the collector's work counts in both)")
     ap.add_argument("--profile", action="store_true",
                     help="only profile streamnb (and the GC/codegen shares) at the largest size of the first shape")
     ap.add_argument("--profile-out", metavar="DIR", help="with --profile: also write the cProfile stats files here")
     a = ap.parse_args(argv)
+    global clock
+    clock = CLOCKS[a.clock]
     logging.getLogger("torch._inductor.utils").setLevel(logging.ERROR)
     print(describe_code(), flush=True)
     if a.profile:

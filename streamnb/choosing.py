@@ -15,9 +15,9 @@ import torch.nn as nn
 from torch.fx import GraphModule
 
 # %% auto #0
-__all__ = ['STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_streams', 'SmallExperts', 'DeepNarrow', 'table_models',
-           'table_graphs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one', 'judge', 'format_table',
-           'process_capture', 'MoEBlock', 'without_syncs']
+__all__ = ['FULL_JUDGE_MAX', 'STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_streams', 'SmallExperts',
+           'DeepNarrow', 'table_models', 'table_graphs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one',
+           'judge', 'format_table', 'process_capture', 'MoEBlock', 'without_syncs']
 
 # %% ../nbs/21b_choosing_streams.ipynb #4dfe635a
 from .graph import check_graph_module
@@ -31,7 +31,7 @@ from .capturing import capture
 
 # %% ../nbs/21b_choosing_streams.ipynb #8492530c
 from .strategies import (AssignError, Dag, apply_streams, compute_dag, critical_path, critical_path_round_robin,
-                                 graph_part, in_part, nimble, proposals)
+                                 graph_part, in_part, nimble, proposals, timeline_makespan)
 from .minsync import fewest_syncs_after, run_passes_fewest_syncs
 
 # %% ../nbs/21b_choosing_streams.ipynb #de32d6fc
@@ -50,20 +50,30 @@ def _estimate_choice(gm: GraphModule, dag: Dag, choice: list, keep_user: bool, d
         return simulate(g, device=device, registry=reg, contention=True)
 
 # %% ../nbs/21b_choosing_streams.ipynb #323def8b
+FULL_JUDGE_MAX = 200   # nodes to assign: above, proposals are judged on `timeline_makespan` (the full judge costs
+                       # about 0.5 ms per node and proposal on this project's CPU: 1,300 kernels would take seconds)
+
 def streamnb_choice(gm: GraphModule, dag: Dag, streams: list, *, keep_user: bool = True, device: str = "H100",
                     memory_limit: int | None = None) -> tuple[list, list[tuple]]:
     """Each proposal judged on the contention-aware timeline of the processed graph: the fastest within `memory_limit`
     bytes wins; one stream (the first) unless another is strictly faster. Also returns what it tried: (proposal,
-    makespan ms, peak bytes). At most 3k+1 simulations of n nodes (k = len(streams) - 1)."""
+    makespan ms, peak bytes). At most 3k+1 simulations of n nodes (k = len(streams) - 1). Above `FULL_JUDGE_MAX` nodes
+    (and without `memory_limit`) each proposal is judged on the list schedule's model instead (`timeline_makespan`,
+    O(n·k); peak bytes None): the same judge for every proposal of a graph, so more streams are still never worse."""
     check_graph_module(gm)
+    full = len(dag.nodes) <= FULL_JUDGE_MAX or memory_limit is not None
+    demand = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
     tried, best, seen = [], None, set()
-    for name, choice in proposals(dag, streams, device).items():
+    for name, choice in proposals(dag, streams, device, demand).items():
         if tuple(choice) in seen: continue
         seen.add(tuple(choice))
-        tl = _estimate_choice(gm, dag, choice, keep_user, device)
-        tried.append((name, tl.makespan, tl.peak_memory))
-        fits = memory_limit is None or tl.peak_memory <= memory_limit
-        if best is None or (fits and tl.makespan < best[1] * (1 - 1e-9)): best = (choice, tl.makespan)
+        if full:
+            tl = _estimate_choice(gm, dag, choice, keep_user, device)
+            ms, peak = tl.makespan, tl.peak_memory
+        else: ms, peak = timeline_makespan(dag, choice, demand), None
+        tried.append((name, ms, peak))
+        fits = memory_limit is None or peak <= memory_limit
+        if best is None or (fits and ms < best[1] * (1 - 1e-9)): best = (choice, ms)
     return best[0], tried
 
 # %% ../nbs/21b_choosing_streams.ipynb #2348a4c9

@@ -19,7 +19,7 @@ from . import fastfx
 from .graph import check_graph_module
 from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
                             get_stream, is_bwd_node, is_control_deps, streams)
-from .streamops import OPS, StreamOp, blocks, check_stream_ops, decode, is_view, storages, written_args
+from .streamops import OPS, StreamOp, blocks, decode, is_view, storages, written_args
 
 # %% auto #0
 __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
@@ -168,16 +168,17 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
     return extra
 
 # %% ../nbs/13_control_deps.ipynb #a1f629a2
-def _memory_after_waits(gm: GraphModule) -> dict[Node, list[Node]]:
+def _memory_after_waits(gm: GraphModule, ops: dict[Node, StreamOp] | None = None) -> dict[Node, list[Node]]:
     """Each `wait_event` node -> the nodes after it on its stream that write memory in place, or read memory written in
-    place, where the node its event was recorded after made the access they conflict with (a write; for a write, any)."""
+    place, where the node its event was recorded after made the access they conflict with (a write; for a write, any).
+    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
     mem, written, out = storages(gm), set(), {}
     after: dict = {}                          # event -> (blocks written, blocks used) by the node its record follows
     waits: dict = {}                          # stream -> [(wait node, what its event was recorded after)]
     last = (set(), set())
     for n in gm.graph.nodes:
         if n.op != "call_function": continue
-        if (op := decode(n, gm)) is not None:
+        if (op := decode(n, gm) if ops is None else ops.get(n)) is not None:
             if op.kind == "record_event": after[op.event] = last
             elif op.kind == "wait_event": waits.setdefault(op.stream, []).append((n, after.get(op.event, (set(), set()))))
             continue
@@ -224,13 +225,14 @@ def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> l
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
 
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
-def _backward_syncs(graph: torch.fx.Graph) -> set[Node]:
+def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
     """The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node (not an
-    input's write-back `copy_`: AOTAutograd tags those `must_be_in_backward` in inference graphs too, correction 18)."""
+    input's write-back `copy_`: AOTAutograd tags those `must_be_in_backward` in inference graphs too, correction 18).
+    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
     out, in_backward = set(), False
     for n in graph.nodes:
         if n.op != "call_function": continue
-        if decode(n) is None: in_backward = in_backward or is_bwd_node(n) and not _is_write_back(n)
+        if (decode(n) if ops is None else ops.get(n)) is None: in_backward = in_backward or is_bwd_node(n) and not _is_write_back(n)
         elif is_bwd_node(n) or (in_backward and n.meta.get("partitioner_tag") is None): out.add(n)
     return out
 
@@ -266,12 +268,13 @@ def _unannotated_after(nodes: list[Node], stream: int | None, ctrl: Node | None)
     return [ctrl] if nodes and ctrl is not None and not get_registry().is_current_stream(stream) else []
 
 # %% ../nbs/13_control_deps.ipynb #67830e98
-def _deallocs_by_record(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
-    "Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again)."
+def _deallocs_by_record(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> dict[Node, list[Node]]:
+    """Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again).
+    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
     last_record: dict[int, Node] = {}
     deallocs: dict[Node, list[Node]] = {}
-    for n in graph.nodes:
-        if (op := decode(n)) is None: continue
+    for n in (graph.nodes if ops is None else ops):   # (`ops` is in graph order)
+        if (op := decode(n) if ops is None else ops[n]) is None: continue
         if op.kind == "record_event": last_record[op.event] = n
         elif op.kind == "sync_dealloc" and op.event in last_record: deallocs.setdefault(last_record[op.event], []).append(n)
     return deallocs
@@ -317,15 +320,28 @@ class _DeferredOutput:
         self.node.args, self.node.kwargs = map_arg(args, current), map_arg(kwargs, current)
 
 # %% ../nbs/13_control_deps.ipynb #368b4fc6
-class SeedWrap:
+def _decoded(gm: GraphModule) -> dict[Node, StreamOp]:
+    "Each stream op of `gm`, in graph order -> what it does: `check_stream_ops`' reading, kept (it raises on a malformed op)."
+    check_graph_module(gm)
+    return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
+
+class _ReadOnce:
+    "The wrap rules' reading of the graph: every stream op decoded once, by `check`, before any change."
+    decoded: dict[Node, StreamOp] | None = None   # (None: not checked; a node is decoded when asked)
+    def decode(self, node: Node) -> StreamOp | None:
+        "`decode(node)`, as `check` read it (the pass never changes a sync's event or streams)."
+        return decode(node) if self.decoded is None else self.decoded.get(node)
+
+# %% ../nbs/13_control_deps.ipynb #1cb0d637
+class SeedWrap(_ReadOnce):
     "The seed's decisions in the wrap pass, one method each; `CorrectedWrap` overrides those the corrections change."
     ops = SYNC_OPS   # the ops the pass wraps
     def read(self, node: Node) -> StreamOp | None:
         "The sync op `node` is, if the pass wraps it: one of `ops`, called as such (the seed misses the packet form)."
-        return decode(node) if node.target in self.ops else None
+        return self.decode(node) if node.target in self.ops else None
     def check(self, gm: GraphModule) -> None:
         "Refuse a graph before any change: a malformed or unknown stream op (the seed fails half-way or ignores it)."
-        check_stream_ops(gm)
+        self.decoded = _decoded(gm)
     def start(self, w: _Walk) -> None: "Set up before the walk (the seed needs nothing)."
     def stream_deps(self, nodes: list[Node]) -> list[Node]:
         "A stream's list of nodes since its last sync, as deps."
@@ -399,7 +415,7 @@ class _CorrectedReading(SeedWrap):
     ops = SYNC_OPS + (streams.wait_stream.default,)                                            # 11
     def __init__(self, strict: bool = False): self.strict = strict
     def read(self, node: Node) -> StreamOp | None:                                             # 11
-        op = decode(node)   # the packet form `torch.ops.streams.record_event` too
+        op = self.decode(node)   # the packet form `torch.ops.streams.record_event` too
         return op if op is not None and op.target in self.ops else None
     def check(self, gm: GraphModule) -> None:
         super().check(gm)
@@ -409,7 +425,7 @@ class _CorrectedReading(SeedWrap):
 class _SyncAnchors(_CorrectedReading):
     "Every sync an anchor (correction 20): a re-recorded event follows its previous record; a host barrier what reads later."
     def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
-        prev = w.event_to_ctrl.get(decode(record).event)   # (CUDA: the last record wins; the wait follows the newest)
+        prev = w.event_to_ctrl.get(self.decode(record).event)   # (CUDA: the last record wins; the wait follows the newest)
         return deps if prev is None or prev in deps else [prev, *deps]
     def barrier_deps(self, w: _Walk, barrier: Node, deps: list[Node]) -> list[Node]:
         b = barrier in w.backward_syncs
@@ -419,9 +435,9 @@ class _SyncAnchors(_CorrectedReading):
 class CorrectedWrap(_SyncAnchors):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def start(self, w: _Walk) -> None:
-        w.values, w.memory = {}, _memory_after_waits(w.gm)   # values per stream (and getitems); wait -> its accesses (6)
-        w.deallocs = _deallocs_by_record(w.graph)      # record_event -> the sync_deallocs that wait for it (9)
-        w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph)   # forward syncs' ctrls; (7)
+        w.values, w.memory = {}, _memory_after_waits(w.gm, self.decoded)   # values per stream; wait -> its accesses (6)
+        w.deallocs = _deallocs_by_record(w.graph, self.decoded)      # record_event -> the sync_deallocs waiting for it (9)
+        w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph, self.decoded)   # forward syncs' ctrls; (7)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _frontier(_chained(nodes))  # 8, 21
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]

@@ -41,12 +41,19 @@ def unknown_streams(gm: GraphModule, registry: StreamRegistry | None = None) -> 
     """The stream indices the sanitizer cannot place: named by a stream op, annotated on no node, and not a current-stream
     index of `registry` (default: the active one). Each index -> the stream-op nodes that name it, in graph order."""
     check_graph_module(gm)
-    reg = registry if registry is not None else get_registry()
+    return _unknown_streams(gm, registry if registry is not None else get_registry(), _decoded(gm))
+
+def _decoded(gm: GraphModule) -> dict[Node, StreamOp]:
+    "Each stream-op node of `gm` -> what it does (`decode`, once per node; it raises on a malformed op)."
+    return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
+
+def _unknown_streams(gm: GraphModule, reg: StreamRegistry, ops: dict[Node, StreamOp]) -> dict[int, list[Node]]:
+    "`unknown_streams` with the graph's stream ops already decoded (`ops`)."
     named: dict = {}
     annotated = set()
     for n in gm.graph.nodes:
         if (s := get_stream(n)) is not None: annotated.add(s)
-        if (op := decode(n, gm)) is not None:
+        if (op := ops.get(n)) is not None:
             for s in op.streams:
                 if isinstance(s, int) and not isinstance(s, bool): named.setdefault(s, []).append(n)
     return {s: ns for s, ns in sorted(named.items()) if s not in annotated and not reg.is_current_stream(s)}
@@ -127,20 +134,29 @@ class DataOrder:
     int-only sync node that nothing depends on guarantees nothing. Sync nodes also set their own bit under `MARK`, so
     `is_ancestor` can ask whether a wait depends on its record."""
     def __init__(self, gm: GraphModule):
-        self.bit = {n: 1 << i for i, n in enumerate(gm.graph.nodes)}
+        # a bit per node that can run or sync (no getitem, input or output: the bitsets stay short)
+        self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes
+                                                 if n.op == "call_function" and n.target is not operator.getitem)}
         self.after: dict = {}        # node -> {stream, HOST or MARK: bitset}
         self.snap: dict = {}         # record node -> the kernels it snapshots
+    def bit(self, n: Node) -> int: return 1 << self.index[n]
+    def has(self, bits: int, n: Node) -> bool: return bool(bits >> self.index[n] & 1)
     def pre(self, n: Node) -> dict:
-        st: dict = {}
+        st: dict | None = None
         for p in n.all_input_nodes:
-            for k, v in self.after.get(p, {}).items(): st[k] = st.get(k, 0) | v
-        return st
+            if not (a := self.after.get(p)): continue
+            if st is None: st = dict(a); continue   # (one input: its state as it is, no bitset rebuilt)
+            for k, v in a.items():
+                old = st.get(k)
+                if old is None: st[k] = v
+                elif old is not v: st[k] = old | v
+        return {} if st is None else st
     @staticmethod
     def get(st: dict, s) -> int: return st.get(s, 0) | st.get(HOST, 0)
-    def mark(self, n: Node, st: dict) -> None: st[MARK] = st.get(MARK, 0) | self.bit[n]
-    def is_ancestor(self, a: Node, st: dict) -> bool: return bool(st.get(MARK, 0) & self.bit[a])
+    def mark(self, n: Node, st: dict) -> None: st[MARK] = st.get(MARK, 0) | self.bit(n)
+    def is_ancestor(self, a: Node, st: dict) -> bool: return self.has(st.get(MARK, 0), a)
     def ordered(self, acc: Access, s, st: dict) -> bool:
-        return acc.stream == s or bool(self.get(st, s) & self.bit[acc.node])
+        return acc.stream == s or self.has(st.get(s, 0), acc.node) or self.has(st.get(HOST, 0), acc.node)
 
 # %% ../nbs/07_sanitizer.ipynb #74ded5c5
 @dataclass
@@ -218,7 +234,7 @@ def _missing_link(san, prev: Access, later: list, s, free: bool = False) -> tupl
     for w, ws, r in cands:
         if pos[w] > end or ws != s or r is None or san.recorded_on.get(r) != prev.stream or pos[r] < pos[prev.node]: continue
         pair = (r.name, w.name)
-        if not do.snap[r] & do.bit[prev.node]:
+        if not do.has(do.snap[r], prev.node):
             return f"{_sync_name(r)} does not depend on {prev.node.name} through data edges: the record may be hoisted above it", pair
         if not do.is_ancestor(r, do.after[w]):
             return f"{_sync_name(w)} does not depend on its record {_sync_name(r)}: it may be hoisted above the record", pair
@@ -243,9 +259,11 @@ def _reorder_free_msg(t: Block, freed_after: Node, prev: Access, why: str) -> st
 # %% ../nbs/07_sanitizer.ipynb #4e1cc4ce
 class _Sanitizer:
     "One walk over the graph in program order; the state of both models and the report."
-    def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry):
+    def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None):
         self.gm, self.registry = gm, registry
-        self.stream = lambda i: physical_stream(i, registry)    # a stream index -> the physical stream
+        self.ops = _decoded(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
+        phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
+        self.stream = lambda i: phys[i] if i in phys else phys.setdefault(i, physical_stream(i, registry))   # index -> physical stream
         self.key = lambda n: self.stream(get_stream(n))         # a node -> its physical stream
         self.cpu_as_device = _cpu_stands_for_device(gm)
         self.store, self.uses = _blocks(gm, self.key, self.cpu_as_device)
@@ -258,8 +276,7 @@ class _Sanitizer:
         self.vc = VectorClocks()
         self.do = DataOrder(gm) if reorder else None
         self.records: dict = {}      # event -> its last record_event node so far
-        self.recorded_in_graph = {op.event for n in self.gm.graph.nodes                # events some node records
-                               if (op := decode(n, self.gm)) is not None and op.kind == "record_event"}
+        self.recorded_in_graph = {op.event for op in self.ops.values() if op.kind == "record_event"}   # events recorded
         self.waits: list = []        # (wait or sync_dealloc node, its stream, the record it waited for), in program order
         self.recorded_on: dict = {}  # record node -> its stream
         self.pos = pos
@@ -275,9 +292,9 @@ class _Sanitizer:
     def run(self) -> Report:
         for n in self.nodes:
             st = self.do.pre(n) if self.do else None
-            op = decode(n, self.gm)
+            op = self.ops.get(n)
             if op is not None: on_sync(self, n, op, st)
-            elif is_kernel(n): on_kernel(self, n, st)
+            elif _is_kernel(n): on_kernel(self, n, st)
             elif n.op == "output": on_output(self, n, st)
             if self.do: self.do.after[n] = st
             for t in self.frees.get(n, ()): on_free(self, t, n)
@@ -286,8 +303,11 @@ class _Sanitizer:
 # %% ../nbs/07_sanitizer.ipynb #708a9238
 def is_kernel(n: Node) -> bool:
     "A node that runs on the device and touches memory: not a stream op, not a getitem, not a view, not control_deps."
-    return (n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n)
-            and decode(n) is None and not is_view(n))
+    return decode(n) is None and _is_kernel(n)
+
+def _is_kernel(n: Node) -> bool:
+    "`is_kernel` for a node known not to be a stream op."
+    return n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n) and not is_view(n)
 
 # %% ../nbs/07_sanitizer.ipynb #897c8340
 def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
@@ -319,7 +339,7 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
         else: t.reads.append(acc)
         t.last_use[s] = acc
         t.accesses.append(acc)
-    if st is not None: st[s] = st.get(s, 0) | san.do.bit[n]
+    if st is not None: st[s] = st.get(s, 0) | san.do.bit(n)
 
 # %% ../nbs/07_sanitizer.ipynb #6174322b
 def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
@@ -458,7 +478,8 @@ def on_output(san: _Sanitizer, n: Node, st: dict | None = None) -> None:
     cur = san.stream(None)
     if san.do is not None:   # after every node, not only after the output's inputs
         st = {}
-        for after in san.do.after.values():
+        for u, after in san.do.after.items():
+            if any(x in san.do.after for x in u.users): continue   # a later node's state holds it: states only grow
             for k, v in after.items(): st[k] = st.get(k, 0) | v
     for r in flat_args(n):
         for t in _held(san.store.get(r)):
@@ -473,7 +494,7 @@ def on_output(san: _Sanitizer, n: Node, st: dict | None = None) -> None:
                                       "a read by the caller after a write", why), pair=pair)
 
 # %% ../nbs/07_sanitizer.ipynb #038df16c
-def _check_args(gm, reorder, registry, current_streams, estimate) -> None:
+def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, StreamOp]:
     "A `TypeError` naming the first of `sanitize`'s arguments of the wrong type; then the graph validated and every stream op decoded."
     check_graph_module(gm)
     if not isinstance(reorder, bool): raise TypeError(f"reorder: expected a bool, got {type(reorder).__name__}")
@@ -485,7 +506,7 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> None:
     if estimate is not None and not callable(estimate):
         raise TypeError(f"estimate: expected a function node -> time or None, got {type(estimate).__name__}")
     validate(gm)           # lint, stream annotations, call_module with a stream, text vals
-    check_stream_ops(gm)
+    return _decoded(gm)    # every stream op decoded (`check_stream_ops`), once
 
 # %% ../nbs/07_sanitizer.ipynb #07e86311
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
@@ -499,16 +520,16 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
     warning that names them and lists the errors the graph would have if they were not."""
     check_graph_module(gm)
-    _check_args(gm, reorder, registry, current_streams, estimate)
+    ops = _check_args(gm, reorder, registry, current_streams, estimate)
     reg = registry if registry is not None else get_registry()
-    unknown = unknown_streams(gm, reg) if registry is None and current_streams is None else {}
-    san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)))
+    unknown = _unknown_streams(gm, reg, ops) if registry is None and current_streams is None else {}
+    san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)), ops)
     report = san.run()
     if san.cpu_as_device:
         san.flag("cpu_values", None, (), (), "streamnb warning: every value of this graph is a CPU tensor and it names "
                  "streams (as a graph torch.compile hands a backend on a CPU): its tensors were checked as if they were "
                  "on the device. On a CPU the graph runs on one stream and cannot race.", severity="warning")
-    if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg).run(), current_stream_key(reg))
+    if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg, ops).run(), current_stream_key(reg))
     if estimate is not None: _stalls(san, estimate)
     return report
 

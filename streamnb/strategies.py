@@ -16,7 +16,8 @@ from torch.fx import GraphModule, Node
 # %% auto #0
 __all__ = ['NIMBLE_MAX', 'AssignError', 'graph_part', 'in_part', 'Dag', 'compute_dag', 'critical_path',
            'critical_path_round_robin', 'reachability', 'transitive_reduction', 'max_matching', 'chains_from_matching',
-           'min_chain_cover', 'fit_to_streams', 'nimble', 'list_schedule', 'proposals', 'apply_streams']
+           'min_chain_cover', 'fit_to_streams', 'nimble', 'list_schedule', 'timeline_makespan', 'proposals',
+           'apply_streams']
 
 # %% ../nbs/21_strategies.ipynb #fb9d3d36
 from .graph import check_graph_module
@@ -235,14 +236,31 @@ def list_schedule(dag: Dag, streams: list, demand: list[tuple[float, float]], co
         tail[at[v]], tail_dem[at[v]] = end[v], demand[v]
     return [streams[i] for i in at]
 
+# %% ../nbs/21_strategies.ipynb #f4e6f24e
+def timeline_makespan(dag: Dag, choice: list, demand: list[tuple[float, float]], contention: bool = True) -> float:
+    "The makespan (ms) `list_schedule`'s model estimates for the nodes of `dag` on the streams `choice` gives them. O(n·k)."
+    slot = {s: i for i, s in enumerate(dict.fromkeys(choice))}
+    k, zero = len(slot), (0.0, 0.0)
+    end, tail, tail_dem = [0.0] * len(dag.nodes), [0.0] * k, [zero] * k
+    for v in range(len(dag.nodes)):
+        ready = max((end[u] for u in dag.preds[v]), default=0.0)
+        i = slot[choice[v]]
+        running = [d if contention and t > ready else zero for t, d in zip(tail, tail_dem)]
+        load = [sum(r) for r in zip(*running)]
+        slow = max(1.0, *(load[r] - running[i][r] + demand[v][r] for r in (0, 1)))
+        end[v] = max(ready, tail[i]) + dag.cost[v] * slow
+        tail[i], tail_dem[i] = end[v], demand[v]
+    return max(end, default=0.0)
+
 # %% ../nbs/21_strategies.ipynb #860c8f46
 NIMBLE_MAX = 4000   # nodes: above, streamnb does not ask Nimble (its bitsets grow as n²)
 
 # %% ../nbs/21_strategies.ipynb #7faab1fb
-def proposals(dag: Dag, streams: list, device: str = "H100") -> dict[str, list]:
+def proposals(dag: Dag, streams: list, device: str = "H100", demand: list | None = None) -> dict[str, list]:
     """What streamnb judges: the list schedule on the first 1, 2, ... of `streams`, apex's and (small graphs) Nimble's on
-    all of them, then apex's and Nimble's on the first 2, 3, ...: the proposals on a prefix of `streams` are a subset."""
-    demand = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
+    all of them, then apex's and Nimble's on the first 2, 3, ...: the proposals on a prefix of `streams` are a subset.
+    `demand`: each node's `kernel_demand` on `device`, if already computed."""
+    if demand is None: demand = [kernel_demand(n, c, device) for n, c in zip(dag.nodes, dag.cost)]
     out = {f"list schedule, {j} stream{'s' * (j > 1)}": list_schedule(dag, streams[:j], demand)
            for j in range(1, len(streams) + 1)}
     cover = min_chain_cover(dag)[1] if len(dag.nodes) <= NIMBLE_MAX else None   # once, fitted to each prefix

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -30,7 +30,7 @@ class OpSpec:
     streams: tuple[int, ...] = ()
     tensor: int | None = None
     host: bool = False          # the host blocks on it (synchronize_*)
-    @property
+    @functools.cached_property   # (computed once: `decode` reads it for every stream-op node)
     def indices(self) -> tuple[int, ...]:
         "Positions of the event and stream indices."
         return self.streams if self.event is None else (self.event, *self.streams)
@@ -95,8 +95,10 @@ def _inner(node: Node, gm: GraphModule | None) -> tuple:
     """The one call in a control_deps node's subgraph, and its args and kwargs with its placeholders mapped to the node's
     operands; an error naming the node for a corrupt one (no subgraph, not exactly one call, a nested control_deps)."""
     mod = _subgraph(node, gm)
-    ph = {p: i for i, p in enumerate(n for n in mod.graph.nodes if n.op == "placeholder")}
-    calls = [n for n in mod.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    ph, calls = {}, []
+    for n in mod.graph.nodes:   # (one walk: `decode` reads every control_deps node's subgraph)
+        if n.op == "placeholder": ph[n] = len(ph)
+        elif n.op in ("call_function", "call_method", "call_module"): calls.append(n)
     if len(calls) != 1 or calls[0].op != "call_function":
         raise StreamOpError(f"node {node.name}: a control_deps subgraph must hold exactly one call_function, it has "
                             f"{[c.name for c in calls]}")
@@ -115,9 +117,19 @@ def _overload(t):
     return getattr(t, "default", t) if isinstance(t, torch._ops.OpOverloadPacket) else t
 
 # %% ../nbs/02_streamops.ipynb #8f60f654
+_ARGUMENTS: dict[int, tuple] = {}   # id(target) -> (target, its schema's arguments): `_schema.arguments` builds a list
+
+def _arguments(target) -> tuple:
+    "`target._schema.arguments` (an `OpOverload`), read once per target."
+    hit = _ARGUMENTS.get(id(target))
+    if hit is not None and hit[0] is target: return hit[1]
+    args = tuple(target._schema.arguments)
+    if len(_ARGUMENTS) < 100_000: _ARGUMENTS[id(target)] = (target, args)   # targets live as long as torch's op registry
+    return args
+
 def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     "The op's arguments in schema order (positional and keyword forms alike), checked where `spec` reads them."
-    schema = target._schema.arguments
+    schema = _arguments(target)
     if not kwargs and len(args) == len(schema):   # the common form, checked without binding (the same checks as below)
         if all(type(args[i]) is int and 0 <= args[i] <= INT64_MAX for i in spec.indices) and (
                 spec.tensor is None or (type(t := args[spec.tensor]) is Node and type(t.meta.get("val")) is not tuple
@@ -177,10 +189,18 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
             if getattr(target, "namespace", None) == "streams":
                 raise StreamnbError(f"node {node.name}: unknown stream op {target} (add a row to streamops.OPS)")
             return None
-    args = _bind(node, target, tuple(args), dict(kwargs), spec)
-    at = lambda i: None if i is None or i >= len(args) else args[i]
-    return StreamOp(spec.kind, at(spec.event), tuple(at(i) for i in spec.streams), at(spec.tensor), node,
-                    target, args, spec.host, call)
+    args = _bind(node, target, args if type(args) is tuple else tuple(args), kwargs, spec)
+    n, e, t = len(args), spec.event, spec.tensor
+    return _stream_op(spec.kind, None if e is None or e >= n else args[e], tuple(args[i] if i < n else None for i in spec.streams),
+                      None if t is None or t >= n else args[t], node, target, args, spec.host, call)
+
+_FIELDS = tuple(f.name for f in fields(StreamOp))
+
+def _stream_op(*values) -> StreamOp:
+    "`StreamOp(*values)`, without the frozen dataclass's `object.__setattr__` per field (one per stream-op node decoded)."
+    op = object.__new__(StreamOp)
+    op.__dict__.update(zip(_FIELDS, values))
+    return op
 
 # %% ../nbs/02_streamops.ipynb #14901036
 def check_stream_ops(gm: GraphModule) -> None:
@@ -278,7 +298,7 @@ def schema_args(n: Node) -> list:
     "Pairs (argument schema, or None without a schema; the nodes passed in it) for a call."
     t = _overload(n.target)
     if not isinstance(t, torch._ops.OpOverload): return [(None, _leaves(n.args) + _leaves(n.kwargs))]
-    return [(a, _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))) for i, a in enumerate(t._schema.arguments)]
+    return [(a, _leaves(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))) for i, a in enumerate(_arguments(t))]
 
 # %% ../nbs/02_streamops.ipynb #893420d0
 def _leaves(v) -> list:

@@ -108,7 +108,9 @@ def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event
 # %% ../nbs/11_syncs.ipynb #c5a5c1ff
 def _host_value(node: Node) -> bool:
     "Does `node` make a host value (a `SymInt`, an int, a float, a bool, None): a `meta['val']` that holds no tensor?"
-    return "val" in node.meta and not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta["val"]))
+    if "val" not in node.meta: return False
+    v = node.meta["val"]
+    return not isinstance(v, torch.Tensor) and not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))
 
 def _touches_memory(node: Node) -> bool:
     "Does `node` run a kernel on device memory? Not a view, a `getitem`, a stream op, nor a node that makes a host value."

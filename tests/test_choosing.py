@@ -381,3 +381,22 @@ def test_more_side_streams_never_worse_on_its_own_estimate(graph):
         got.append(min(ms for _, ms, _ in g.meta["streamnb_assignment"]["tried"]))
     assert all(b <= a * (1 + 1e-9) for a, b in zip(got, got[1:])), got
     assert got[-1] < got[0]
+
+
+def test_large_graph_judged_on_the_list_model_and_never_worse_with_more_streams():
+    "Above FULL_JUDGE_MAX nodes the proposals are priced by `timeline_makespan` (no simulation: no peak memory); the same guarantees hold."
+    from streamnb.choosing import FULL_JUDGE_MAX, without_syncs
+    from streamnb.strategies import timeline_makespan
+    best = []
+    for k in (0, 1, 2, 3):
+        g = without_syncs(backward_like(2 * (FULL_JUDGE_MAX + 100)))
+        dag = compute_dag(g, keep_user=False)
+        assert len(dag.nodes) > FULL_JUDGE_MAX
+        with use_registry(StreamRegistry(start=10_000, current_stream=0)):
+            assign_streams(g, side_streams=k, keep_user=False)
+        tried = g.meta["streamnb_assignment"]["tried"]
+        assert tried[0][0] == "list schedule, 1 stream" and all(peak is None for _, _, peak in tried)
+        assert tried[0][1] == pytest.approx(sum(dag.cost))   # one stream: every kernel in turn
+        best.append(min(ms for _, ms, _ in tried))
+    assert all(b <= a for a, b in zip(best, best[1:]))        # one more side stream never worse on its own estimate
+    assert best[1] < best[0]                                   # and side streams help on this graph
