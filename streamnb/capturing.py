@@ -30,8 +30,8 @@ from .streamops import decode
 # %% auto #0
 __all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
            'CPUStream', 'CPUEvent', 'cpu_streams', 'tag_custom_backward', 'on_device', 'graph_streams',
-           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter',
-           'run_graph', 'Capture', 'capture', 'eager']
+           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause', 'RunResult',
+           'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -250,16 +250,18 @@ def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitione
             return fns[partitioner](copy.deepcopy(joint), joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                     static_lifetime_input_indices=[])
     except Exception as e:
-        why = ""
-        bad = forward_deps_of_backward_syncs(joint)
-        if bad:
-            ctrl, fwd = bad[0]
-            why = (f"; cause: backward sync {ctrl.name} (control_deps) depends on forward node {fwd.name} "
-                   f"({len(bad)} such forward deps): the partitioner then counts backward nodes as forward ones. "
-                   "A backward sync must not depend on forward values (correction 7 of streamnb.control_deps, "
-                   "the default mode)")
+        why = f"; cause: {cause}" if (cause := partition_cause(joint)) else ""
         raise PartitionError(f"AOTAutograd's {partitioner} partitioner rejected the joint graph: "
                              f"{type(e).__name__}: {str(e).splitlines()[0]}{why}") from e
+
+def partition_cause(joint: GraphModule) -> str | None:
+    "Why AOTAutograd's partitioners reject the processed `joint`, if streamnb knows: correction 7's defect."
+    bad = forward_deps_of_backward_syncs(joint)
+    if not bad: return None
+    ctrl, fwd = bad[0]
+    return (f"backward sync {ctrl.name} (control_deps) depends on forward node {fwd.name} ({len(bad)} such forward "
+            "deps): the partitioner then counts backward nodes as forward ones. A backward sync must not depend on "
+            "forward values (correction 7 of streamnb.control_deps, the default mode)")
 
 # %% ../nbs/16_capture.ipynb #40628db2
 class RunResult(tuple):

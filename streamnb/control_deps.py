@@ -445,7 +445,8 @@ class CorrectedWrap(_SyncAnchors):
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if node not in w.backward_syncs: w.forward_ctrls.add(ctrl)
-        if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
+        if _is_forward_value(node) or node.meta.get("partitioner_tag") == "must_be_in_forward":   # (correction 14;
+            ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # the forward syncs of correction 22, `sync_forward`)
         for g in passthrough if node in w.backward_syncs else ():   # a forward input passed through a backward sync (6)
             if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
     def add(self, w: _Walk, node: Node) -> None: super().add(w, node); w.values.setdefault(get_stream(node), []).append(node)

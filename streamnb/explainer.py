@@ -23,7 +23,7 @@ from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['ModeResult', 'Explanation', 'explain', 'show_explanation']
+__all__ = ['ModeResult', 'table_lines', 'Explanation', 'explain', 'show_explanation']
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -81,6 +81,15 @@ def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: Strea
                       capture=processed, error=error,
                       matches_eager=_matches_eager(processed, inputs) if (check and processed is not None) else None)
 
+def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
+    "`rows` as a fixed-width table with a rule under the header (floats to 4 digits, None as '-')."
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    table = [cols] + [[fmt(row[c]) for c in cols] for row in rows]
+    w = [max(len(r[i]) for r in table) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in table]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    return lines
+
 @dataclass
 class Explanation:
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
@@ -121,11 +130,7 @@ class Explanation:
         "The summary as a fixed-width table."
         cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "fw_errors", "partitions",
                 "matches_eager"]
-        fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
-        table = [cols] + [[fmt(row[c]) for c in cols] for row in self.summary()]
-        w = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in table]
-        lines.insert(1, "  ".join("-" * x for x in w))
+        lines = table_lines(self.summary(), cols)
         notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
                  f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
         notes += [n for n in [self.forward_note()] if n]

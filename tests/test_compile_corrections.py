@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from streamnb.compiling import CompileFailure
 
 from test_compile import (assert_eager, compile_and_run, event_joined_block, joined_blocks, two_blocks,
                           two_blocks_inputs)
@@ -27,8 +28,9 @@ def test_correction_14_the_seed_fails_on_it():
     "`upstream=True` makes the forward record depend on `native_layer_norm` itself: the partitioner refuses it."
     model, _ = event_joined_block("cpu")
     xs = (torch.randn(4, 16, 64, requires_grad=True),)
-    with pytest.raises(Exception, match="Expected native_layer_norm.* to be a tensor"):
+    with pytest.raises(CompileFailure, match="Expected native_layer_norm.* to be a tensor") as e:
         compile_and_run(model, xs, cpu_as="meta", upstream=True)
+    assert "depends on native_layer_norm, a node with several outputs" in str(e.value) and "correction 14" in str(e.value)
 
 
 def test_forward_ctrls_stay_in_the_forward():
@@ -99,8 +101,9 @@ def test_correction_18_input_mutation_then_outside_event_compiles(fn):
 
 def test_correction_18_the_seed_fails_on_it():
     "`upstream=True`: the seed's `synchronize_event` rewires the write-back's destination; AOTAutograd refuses."
-    with pytest.raises(Exception, match=r"n=copy_, n.args\[0\]=getitem"):
+    with pytest.raises(CompileFailure, match=r"n=copy_, n.args\[0\]=getitem") as e:
         run_compiled(mutate_then_synchronize_outside, keep=True, upstream=True)
+    assert "node copy_: the write-back of an input writes into getitem" in str(e.value) and "correction 18" in str(e.value)
 
 
 def join_then_read_input(x, y):
