@@ -180,7 +180,8 @@ def values_on(gm: GraphModule, device: str | None):
 # %% ../nbs/20_compile.ipynb #d61ab02e
 class use_streamnb_passes(contextlib.ContextDecorator):
     """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
-    passes (`upstream=True`: the seed's, PyTorch's behaviour) at AOTAutograd's call sites, with dynamo's indices."""
+    passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
+    call sites, with dynamo's indices."""
     def __init__(self, upstream: bool = False, *, mechanism: str = "sync_dealloc", device="H100",
                  cpu_as: str | None = None):
         self.upstream, self.mechanism, self.device, self.cpu_as = upstream, mechanism, device, cpu_as
