@@ -248,10 +248,10 @@ def _causes(gm: GraphModule) -> list[tuple[Node, str]]:
     out = []
     if (why := partition_cause(gm)) is not None: out.append((forward_deps_of_backward_syncs(gm)[0][1], why))
     for ctrl in (n for n in gm.graph.nodes if is_control_deps(n)):
-        multi = [d for d in ctrl.args[0] if isinstance(d.meta.get("val"), (tuple, list)) and not is_control_deps(d)]
+        multi = [d for d in ctrl.args[0] if isinstance(d.meta.get("val"), (tuple, list, dict)) and not is_control_deps(d)]
         if multi:
             out.append((multi[0], f"node {ctrl.name}: a sync (control_deps) depends on {multi[0].name}, a node with several "
-                        "outputs (a tuple): AOTAutograd's partitioner expects each dependency to be a tensor. The seed "
+                        "outputs (a tuple, or a Triton kernel's dict): AOTAutograd's partitioner expects each dependency to be a tensor. The seed "
                         "depends on the tuple; the default on its getitems (correction 14)"))
     for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default):
         dst = n.args[0]

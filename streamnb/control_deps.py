@@ -236,10 +236,11 @@ def _backward_syncs(graph: torch.fx.Graph) -> set[Node]:
 
 # %% ../nbs/13_control_deps.ipynb #005b3c0f
 def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
-    "`deps` with each multi-output node (a tuple `val`) replaced by its getitems walked so far (if it has any)."
+    """`deps` with each multi-output node (a tuple `val`, or a dict: a Triton kernel's results) replaced by its getitems
+    walked so far (if it has any)."""
     out = []
     for d in deps:
-        multi = isinstance(d.meta.get("val"), (tuple, list)) and not is_control_deps(d)
+        multi = isinstance(d.meta.get("val"), (tuple, list, dict)) and not is_control_deps(d)
         got = [u for u in d.users if u.target is operator.getitem and u in visited] if multi else []
         out += got or [d]
     return out
