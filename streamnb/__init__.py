@@ -44,12 +44,13 @@ from .syncs import insert_backward_syncs, insert_sync, insert_record_event_after
 from .dealloc import populate_stream_timeline, handle_synced_deallocation, sync_deallocations
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .metadata import populate_fw_metadata_with_stream_indices
-from .pipeline import run_stream_passes
+from .pipeline import run_stream_passes, sync_forward
 from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
 from .trace import to_chrome_trace, write_chrome_trace
 from .sanitizer import Report, Finding, sanitize
 from .capturing import Capture, capture, cpu_streams
 from .explainer import Explanation, explain
-from .compiling import DynamoRegistry, UnsupportedTorchError, executor_backend, use_streamnb_passes
+from .compiling import (CompileFailure, CompiledExplanation, DynamoRegistry, UnsupportedTorchError, executor_backend,
+                        explain_compiled, use_streamnb_passes)
 from .choosing import assign_streams

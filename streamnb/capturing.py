@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import importlib
 import os
+import re
 import tempfile
 from typing import Any, Callable
 from unittest import mock
@@ -30,8 +31,8 @@ from .streamops import decode
 # %% auto #0
 __all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
            'CPUStream', 'CPUEvent', 'cpu_streams', 'tag_custom_backward', 'on_device', 'graph_streams',
-           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'RunResult', 'CPUInterpreter',
-           'run_graph', 'Capture', 'capture', 'eager']
+           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause', 'RunResult',
+           'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -250,16 +251,18 @@ def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitione
             return fns[partitioner](copy.deepcopy(joint), joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                     static_lifetime_input_indices=[])
     except Exception as e:
-        why = ""
-        bad = forward_deps_of_backward_syncs(joint)
-        if bad:
-            ctrl, fwd = bad[0]
-            why = (f"; cause: backward sync {ctrl.name} (control_deps) depends on forward node {fwd.name} "
-                   f"({len(bad)} such forward deps): the partitioner then counts backward nodes as forward ones. "
-                   "A backward sync must not depend on forward values (correction 7 of streamnb.control_deps, "
-                   "the default mode)")
+        why = f"; cause: {cause}" if (cause := partition_cause(joint)) else ""
         raise PartitionError(f"AOTAutograd's {partitioner} partitioner rejected the joint graph: "
                              f"{type(e).__name__}: {str(e).splitlines()[0]}{why}") from e
+
+def partition_cause(joint: GraphModule) -> str | None:
+    "Why AOTAutograd's partitioners reject the processed `joint`, if streamnb knows: correction 7's defect."
+    bad = forward_deps_of_backward_syncs(joint)
+    if not bad: return None
+    ctrl, fwd = bad[0]
+    return (f"backward sync {ctrl.name} (control_deps) depends on forward node {fwd.name} ({len(bad)} such forward "
+            "deps): the partitioner then counts backward nodes as forward ones. A backward sync must not depend on "
+            "forward values (correction 7 of streamnb.control_deps, the default mode)")
 
 # %% ../nbs/16_capture.ipynb #40628db2
 class RunResult(tuple):
@@ -347,12 +350,35 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
     except Exception as e:
         ours = _cause(e, StreamnbError)
         if ours is not None: raise ours from None         # ours, raised inside torch.compile's backend
+        if hooks := re.search(r"\b(saved_tensors_hooks|save_on_cpu)\.__init__", str(e)):   # dynamo's refusal
+            raise _hooks_error(name, hooks.group(1)) from e
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         need = ("The function must run under torch.func tracing: no data-dependent Python control flow, no "
                 ".item()/.numpy(), no in-place updates of inputs" if frontend == "aot" else
                 "dynamo must trace it as one graph (fullgraph=True): no graph break")
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
+
+@contextlib.contextmanager
+def _saved_tensors_hooks_refused(name: str):
+    """Refuse (`CaptureError`) a program that enters `torch.autograd.graph.saved_tensors_hooks` (or `save_on_cpu`) while
+    it is traced: the hooks run in eager autograd, around the graphs, so AOTAutograd traces forward and backward without
+    them (and dynamo refuses them); the program's stream work in them (activation offloading on a side stream, as in
+    torchtune) would be captured as if it were not there."""
+    used = []
+    enter = torch.autograd.graph.saved_tensors_hooks.__enter__
+    def spy(self): used.append(type(self).__name__); return enter(self)
+    try:
+        with mock.patch.object(torch.autograd.graph.saved_tensors_hooks, "__enter__", spy): yield
+    finally:
+        if used: raise _hooks_error(name, used[0])
+
+def _hooks_error(name: str, hooks: str) -> CaptureError:
+    return CaptureError(
+        f"{name} uses torch.autograd.graph.{hooks}: AOTAutograd traces the forward and backward without such hooks (they "
+        "run in eager autograd, around the compiled graphs; dynamo refuses them), so the work they do, such as offloading "
+        "activations on a side stream, is in neither graph and streamnb cannot judge it. Capture the model without the "
+        "hooks, or write the copies in the forward on a side stream (chapter 17a's activation_copy pattern)")
 
 def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "auto", device: str = "meta") -> Capture:
     """Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are
@@ -375,16 +401,17 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
     used = "aot" if frontend == "auto" else frontend
-    try: got, failed = _trace(flat_fn, flat, used, name), None
-    except TraceError as e:
-        if frontend != "auto": raise
-        got, failed = None, e
-    if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
-        try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
+    with _saved_tensors_hooks_refused(name):
+        try: got, failed = _trace(flat_fn, flat, used, name), None
         except TraceError as e:
-            if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
-            again = None
-        if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
+            if frontend != "auto": raise
+            got, failed = None, e
+        if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
+            try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
+            except TraceError as e:
+                if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
+                again = None
+            if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
     joint, meta = got["joint"], got["fw_metadata"]
     if used == "dynamo": tag_custom_backward(joint)       # a custom autograd.Function's backward: its tags
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):

@@ -145,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
                        help="how to trace the model: aot (annotate regions), dynamo (also stream objects: torch.cuda.Stream, "
                        "events, wait_stream, record_stream; on a CPU under streamnb.cpu_streams), auto: aot, then dynamo "
                        "if aot fails or sees no stream (default: %(default)s)")
+    e.add_argument("--forward-syncs", action="store_true", help="the default mode also inserts the forward's syncs "
+                   "(beyond PyTorch, whose passes sync the backward only; the forward's are otherwise the program's job)")
     return p
 
 # %% ../nbs/18_cli.ipynb #d956a7bc
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             files = write_assignment(rows, tls, out)
             text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
         else:
-            ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"))
+            ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"),
+                         forward_syncs=getattr(args, "forward_syncs", False))
             say(f"writing results to {out}/")
             files, text = write_explanation(ex, out), ex.summary_text()
     except (StreamnbError, OSError) as e:

@@ -16,16 +16,27 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .graph import check_graph_module
+from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import decode, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
-from .capturing import add_control_deps_vals, run_graph, tag_custom_backward
+from .capturing import (add_control_deps_vals, forward_deps_of_backward_syncs, partition_cause, run_graph,
+                                tag_custom_backward)
+from torch.fx import Node
+from .exercises import count_syncs
+from .explainer import table_lines
+from .plot import plot_timeline
+from .sanitizer import Report, sanitize
+from .simulator import Timeline, simulate
+from dataclasses import dataclass
+import operator
+from .graph import is_control_deps
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
-           'DynamoRegistry', 'traced_current_stream', 'values_on', 'use_streamnb_passes', 'executor_backend',
-           'canonical_modulo_inputs']
+           'DynamoRegistry', 'traced_current_stream', 'renumber_streams', 'register_annotated_streams', 'values_on',
+           'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend', 'canonical_modulo_inputs',
+           'CompiledExplanation', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -121,6 +132,29 @@ def traced_current_stream() -> int | None:
     if torch.accelerator.is_available() or _registered_as_current(CURRENT_STREAM_INDEX): return CURRENT_STREAM_INDEX
     return None
 
+# %% ../nbs/20_compile.ipynb #7296a0ee
+def _registered_stream(index: int) -> bool:
+    "Is `index` a stream in dynamo's table (at trace time)?"
+    from torch._dynamo.graph_bytecode_inputs import index_to_external_object_weakref as table
+    ref = table.get(index)
+    return ref is not None and isinstance(ref(), torch.Stream)
+
+def renumber_streams(gm: GraphModule, mapping: dict[int, int]) -> GraphModule:
+    "Annotate each node of `gm` on stream `i` in `mapping` with `mapping[i]` instead (each gets its own `custom` dict)."
+    check_graph_module(gm)
+    for n in gm.graph.nodes:
+        if (s := get_stream(n)) in mapping: n.meta["custom"] = {**n.meta["custom"], "stream": mapping[s]}
+    return gm
+
+def register_annotated_streams(gm: GraphModule) -> dict[int, int]:
+    """Give each stream index annotated in `gm` that is not a stream in dynamo's table one dynamo creates, and renumber
+    the nodes; returns old -> new index."""
+    check_graph_module(gm)
+    used = sorted({s for n in gm.graph.nodes if (s := get_stream(n)) is not None})
+    mapping = {s: _dynamo_streams().new_stream() for s in used if not _registered_stream(s)}
+    renumber_streams(gm, mapping)
+    return mapping
+
 # %% ../nbs/20_compile.ipynb #20e8f23c
 def _to(v, device: torch.device):
     if isinstance(v, FakeTensor):
@@ -146,12 +180,14 @@ def values_on(gm: GraphModule, device: str | None):
 # %% ../nbs/20_compile.ipynb #d61ab02e
 class use_streamnb_passes(contextlib.ContextDecorator):
     """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
-    passes (`upstream=True`: the seed's, PyTorch's behaviour) at AOTAutograd's call sites, with dynamo's indices."""
+    passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
+    call sites, with dynamo's indices."""
     def __init__(self, upstream: bool = False, *, mechanism: str = "sync_dealloc", device="H100",
                  cpu_as: str | None = None):
         self.upstream, self.mechanism, self.device, self.cpu_as = upstream, mechanism, device, cpu_as
         self.graphs: list[GraphModule] = []           # the graphs processed, in order (AOTAutograd's objects)
         self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
+        self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
         self._saved: list[dict] = []
 
     def _run(self, name: str, gm: GraphModule, *args):
@@ -161,6 +197,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
             self.registries.append(DynamoRegistry(pin_current=not self.upstream, traced_current=traced_current_stream()))
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
+            self.renumbered.append({} if self.upstream else register_annotated_streams(gm))   # (above)
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as):
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
@@ -174,18 +211,66 @@ class use_streamnb_passes(contextlib.ContextDecorator):
 
     def __enter__(self):
         gc = check_call_sites()                       # refuses before anything is patched
-        if not self._saved: self.graphs, self.registries = [], []
+        if not self._saved: self.graphs, self.registries, self.renumbered = [], [], []
         self._saved.append({n: getattr(gc, n) for n in STREAM_PASSES})
         for n in STREAM_PASSES: setattr(gc, n, self._pass(n))
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         gc = importlib.import_module(CALL_SITES)
         for n, f in self._saved.pop().items(): setattr(gc, n, f)
+        if isinstance(exc, Exception) and not isinstance(exc, StreamnbError):   # torch's raw error: say why, if known
+            why = next((w for g in self.graphs if (w := diagnose(g, _root(exc)))), None)
+            if why is not None: raise CompileFailure(f"{_root(exc).splitlines()[0]}\nstreamnb: {why}") from exc
         return False
+
+    def explain(self, graphs: dict[str, list[GraphModule]], device: str | None = None) -> "CompiledExplanation":
+        "`explain_compiled(graphs)` with the registry of the one region this switch compiled (see below)."
+        if len(self.registries) != 1:
+            raise StreamnbError(f"the switch compiled {len(self.registries)} regions; call explain_compiled(graphs, "
+                                "registry=switch.registries[i]) for the one the graphs come from")
+        return explain_compiled(graphs, self.registries[0], device or self.device)
 
     def __repr__(self):
         return f"use_streamnb_passes(upstream={self.upstream}, mechanism={self.mechanism!r}, graphs={len(self.graphs)})"
+
+# %% ../nbs/20_compile.ipynb #c168df99
+class CompileFailure(StreamnbError, RuntimeError):
+    "`torch.compile` failed under `use_streamnb_passes`; the message says why, from the graphs the passes processed."
+
+def _root(e: BaseException) -> str:
+    "The innermost error under `e` (dynamo's `BackendCompilerFailed` keeps it in `inner_exception`), as `Type: message`."
+    while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None: e = inner
+    return f"{type(e).__name__}: {str(e).strip()}"
+
+def _causes(gm: GraphModule) -> list[tuple[Node, str]]:
+    "Each defect of the seed's that AOTAutograd rejects, found in `gm`: (the node named, the explanation)."
+    out = []
+    if (why := partition_cause(gm)) is not None: out.append((forward_deps_of_backward_syncs(gm)[0][1], why))
+    for ctrl in (n for n in gm.graph.nodes if is_control_deps(n)):
+        multi = [d for d in ctrl.args[0] if isinstance(d.meta.get("val"), (tuple, list, dict)) and not is_control_deps(d)]
+        if multi:
+            out.append((multi[0], f"node {ctrl.name}: a sync (control_deps) depends on {multi[0].name}, a node with several "
+                        "outputs (a tuple, or a Triton kernel's dict): AOTAutograd's partitioner expects each dependency to be a tensor. The seed "
+                        "depends on the tuple; the default on its getitems (correction 14)"))
+    for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default):
+        dst = n.args[0]
+        if dst.op != "placeholder" and dst.target is operator.getitem and is_control_deps(dst.args[0]):
+            out.append((n, f"node {n.name}: the write-back of an input writes into {dst.name}, a getitem of the sync "
+                        f"{dst.args[0].name} (control_deps), not into the input: AOTAutograd's assert_functional_graph "
+                        "fails. The seed rewires the copy's destination; the default keeps it (correction 18)"))
+    if (bare := next((n for n in gm.graph.nodes if is_control_deps(n) and "val" not in n.meta), None)) is not None:
+        out.append((bare, f"node {bare.name}: a control_deps node without meta['val'], which AOTAutograd's partitioners "
+                    "read (torch 2.13's wrap pass sets none; PR #192538). The default mode sets them"))
+    return out
+
+def diagnose(gm: GraphModule, error: str = "") -> str | None:
+    """Why AOTAutograd rejects the processed graph `gm`, if it is one of the seed's defects streamnb knows (see above):
+    each one found, those whose node torch's `error` names first."""
+    check_graph_module(gm)
+    named = lambda node: re.search(rf"\b{re.escape(node.name)}\b", error) is None
+    found = [why for _, why in sorted(_causes(gm), key=lambda c: named(c[0]))]
+    return "; also: ".join(found) or None
 
 # %% ../nbs/20_compile.ipynb #2f0f6e77
 def executor_backend(graphs: dict | None = None, executor: Callable = run_graph):
@@ -225,3 +310,49 @@ def canonical_modulo_inputs(gm: GraphModule) -> list[tuple]:
             for e in form if e[1] not in ("placeholder", "output")]
     outs = sorted(map(str, pytree.tree_leaves([rn(e[3]) for e in form if e[1] == "output"])))
     return [inputs, body, outs]
+
+# %% ../nbs/20_compile.ipynb #aedfdf5d
+@dataclass
+class CompiledExplanation:
+    "What `torch.compile` compiled: each graph's estimated timeline and sanitizer reports, as `explain` gives them."
+    graphs: dict[str, GraphModule]     # "forward 0", "backward 0", ...: the graphs the backend was handed
+    timelines: dict[str, Timeline]
+    reports: dict[str, Report]         # sanitize(graph)
+    reorder_reports: dict[str, Report] # sanitize(graph, reorder=True)
+    device: str
+
+    def summary(self) -> list[dict]:
+        "One row per compiled graph: nodes, estimated makespan and peak memory, syncs, sanitizer errors."
+        return [dict(graph=k, nodes=len(g.graph.nodes), makespan_us=self.timelines[k].makespan * 1e3,
+                     peak_mib=self.timelines[k].peak_memory / 2**20, syncs=count_syncs(g),
+                     errors=len(self.reports[k].errors), reorder_errors=len(self.reorder_reports[k].errors))
+                for k, g in self.graphs.items()]
+
+    def summary_text(self) -> str:
+        "The summary as a fixed-width table, then the first error of each graph that has one."
+        lines = table_lines(self.summary(), ["graph", "nodes", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors"])
+        lines += [f"{k}: {r.errors[0].message.splitlines()[0]}" for k, r in self.reports.items() if r.errors]
+        return "\n".join(lines)
+
+    def plot_timelines(self):
+        "Each compiled graph's estimated timeline, one panel each."
+        return plot_timeline(*self.timelines.values(), titles=list(self.timelines))
+
+    def show(self) -> None:
+        "Print the summary and the sanitizer reports; draw the timelines."
+        print(self.summary_text())
+        for k, r in self.reports.items(): print(f"\n--- sanitizer, {k} ---\n{r}")
+        self.plot_timelines()
+
+def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegistry | None = None,
+                     device: str = "H100") -> CompiledExplanation:
+    """Simulate and sanitize each graph of `graphs` (kind -> graphs, as `executor_backend` fills it), with `registry`
+    (the switch's, for the graphs' current stream; None: the graphs' own numbering)."""
+    named = {f"{kind} {i}": g for kind, gms in graphs.items() for i, g in enumerate(gms)}
+    if not named: raise StreamnbError("explain_compiled: no graph; call the compiled function (inside the switch) first")
+    with use_registry(registry or StreamRegistry(start=100)):
+        return CompiledExplanation(
+            graphs=named, device=device,
+            timelines={k: simulate(g, device=device, name=k) for k, g in named.items()},
+            reports={k: sanitize(g) for k, g in named.items()},
+            reorder_reports={k: sanitize(g, reorder=True) for k, g in named.items()})

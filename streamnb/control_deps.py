@@ -117,6 +117,8 @@ def check_events_recorded(gm: GraphModule) -> None:
                 "records; record the event in the graph before the wait, or pass upstream=True to wrap it as the seed does")
 
 # %% ../nbs/13_control_deps.ipynb #5e2a0abf
+_FORWARD = ("is_forward", "must_be_in_forward")   # a forward sync: the program's, or one streamnb inserted (chapters 12, 15)
+
 def _is_forward_value(n: Node) -> bool:
     "Is `n` a forward value of a joint graph? (In the partitioned backward it is an input.)"
     return n.meta.get("partitioner_tag") == "is_forward"
@@ -238,10 +240,11 @@ def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = No
 
 # %% ../nbs/13_control_deps.ipynb #005b3c0f
 def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
-    "`deps` with each multi-output node (a tuple `val`) replaced by its getitems walked so far (if it has any)."
+    """`deps` with each multi-output node (a tuple `val`, or a dict: a Triton kernel's results) replaced by its getitems
+    walked so far (if it has any)."""
     out = []
     for d in deps:
-        multi = isinstance(d.meta.get("val"), (tuple, list)) and not is_control_deps(d)
+        multi = isinstance(d.meta.get("val"), (tuple, list, dict)) and not is_control_deps(d)
         got = [u for u in d.users if u.target is operator.getitem and u in visited] if multi else []
         out += got or [d]
     return out
@@ -461,7 +464,7 @@ class CorrectedWrap(_SyncAnchors):
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if node not in w.backward_syncs: w.forward_ctrls.add(ctrl)
-        if _is_forward_value(node): ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (see correction 14)
+        if node.meta.get("partitioner_tag") in _FORWARD: ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (14, 22)
         for g in passthrough if node in w.backward_syncs else ():   # a forward input passed through a backward sync (6)
             if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
     def add(self, w: _Walk, node: Node) -> None: super().add(w, node); w.values.setdefault(get_stream(node), []).append(node)

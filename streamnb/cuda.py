@@ -304,7 +304,10 @@ def _check_no_cpu_kernels(capture):
 
 # %% ../nbs/19_cuda.ipynb #e5d1247c
 def _has_syncs(gm: GraphModule) -> bool:
-    return any(decode(n, gm) is not None for n in gm.graph.nodes)
+    """Does `gm` order work across streams (a wait, a join, a host sync)? Records and frees alone (`sync_dealloc`,
+    which the default inserts in a forward too, correction 22; `record_stream`) order no data."""
+    return any((op := decode(n, gm)) is not None and op.kind not in ("record_event", "sync_dealloc", "record_stream")
+               for n in gm.graph.nodes)
 
 # %% ../nbs/19_cuda.ipynb #5250cac7
 def _with_executor(capture, inputs, *, backend, device, grad_outputs, timelines: dict | None, warmup: int,

@@ -62,6 +62,9 @@ class SeedDealloc:
     def need_val(self, gm: GraphModule) -> set[Node]:
         "Step 5: the nodes whose `meta['val']` is checked before any change: none, so the seed crashes as it does."
         return set()
+    def handles(self, node: Node) -> bool:
+        "Step 5: is `node` a tensor the pass protects? The backward's only."
+        return is_bwd_node(node)
 
 # %% ../nbs/12_dealloc.ipynb #c9fdc550
 class CorrectedDealloc(SeedDealloc):
@@ -96,8 +99,16 @@ class CorrectedDealloc(SeedDealloc):
             self._graph, self._mem = graph, storages(graph)
             self._aliases = aliases(self._mem)
         return self._mem, self._aliases
-    def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a backward node reads
-        return {v for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n) for v in val_nodes(n)}
+    def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a node on a timeline reads
+        fns = [n for n in gm.graph.nodes if n.op == "call_function"]
+        fw = len({get_stream(n) for n in fns if not is_bwd_node(n)}) > 1   # the forward's timelines may be needed (22)
+        return {v for n in fns if fw or is_bwd_node(n) for v in val_nodes(n)}
+    @correction(22, "12_dealloc", "protects backward tensors only: a forward value read on another stream is freed "
+                "right after its last use in graph order, earlier than eager PyTorch frees it (when its Python reference "
+                "dies), and its block may be reused while that read still runs",
+                "forward values get the same protection, placed on the forward's own timelines, and the syncs stay in "
+                "the forward (newer PyTorch turns such a `del` into `record_event` + `sync_dealloc`, PR #178370)")
+    def handles(self, node: Node) -> bool: return True
 
 # %% ../nbs/12_dealloc.ipynb #a8bc9ecb
 def _policy(upstream: bool, mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100") -> SeedDealloc:
@@ -138,11 +149,11 @@ def populate_stream_timeline(stream_to_timeline: dict[int | None, IndexedDict[No
     return _populate(_policy(upstream, device=device), stream_to_timeline, graph, stream_index)
 
 # %% ../nbs/12_dealloc.ipynb #b7f15836
-def _all_stream_timelines(p: SeedDealloc, graph: Graph) -> dict[int | None, _Timeline]:
-    "`_populate` for every stream in one walk."
+def _all_stream_timelines(p: SeedDealloc, graph: Graph, bwd: bool = True) -> dict[int | None, _Timeline]:
+    "`_populate` for every stream in one walk (of the forward's nodes if not `bwd`)."
     timelines: dict = {}; total: dict = {}
     for node in graph.nodes:
-        if node.op == "call_function" and is_bwd_node(node) and p.on_timeline(node):
+        if node.op == "call_function" and is_bwd_node(node) == bwd and p.on_timeline(node):
             s = get_stream(node)
             total[s] = total.get(s, 0.0) + p.estimate(node)
             timelines.setdefault(s, _Timeline())[node] = total[s]
@@ -183,13 +194,14 @@ def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
 def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node) -> None:
     "The seed's `handle_synced_deallocation`, asking `p` at each decision."
     alloc = p.allocator(node)   # the seed: `node` itself
-    if not is_bwd_node(alloc) or not is_bwd_node(last_usage):
-        raise AssertionError("synced allocations should only be handled on backward nodes")
+    if not (p.handles(alloc) and p.handles(last_usage)) or (bwd := is_bwd_node(alloc)) != is_bwd_node(last_usage):
+        raise AssertionError("synced allocations should only be handled on backward nodes" if not p.handles(alloc) else
+                             f"{alloc.name} and its last use {last_usage.name} are in different graphs (forward, backward)")
     if get_stream(alloc) == get_stream(last_usage):
         raise AssertionError("allocating and side stream should be different for synced deallocations")
     if p.mechanism == "record_stream":   # the seed: `if not torch.cuda.is_available()`
         go_on = p.record_stream(graph, node, last_usage)
-        node.meta["partitioner_tag"] = "must_be_in_backward"
+        if bwd: node.meta["partitioner_tag"] = "must_be_in_backward"
         if not go_on: return
     allocating_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(alloc))
     side_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(last_usage))
@@ -197,8 +209,9 @@ def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node
     wait_event = new_event()
     record_node = insert_record_event_after_node(graph, last_usage, wait_event)
     with graph.inserting_after(max(alloc_ptr, record_node)):
-        fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(alloc, alloc_ptr), node))
-    node.meta["partitioner_tag"] = "must_be_in_backward"
+        free = fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(alloc, alloc_ptr), node))
+    if bwd: node.meta["partitioner_tag"] = "must_be_in_backward"
+    else: record_node.meta["partitioner_tag"] = free.meta["partitioner_tag"] = "must_be_in_forward"   # (22)
 
 # %% ../nbs/12_dealloc.ipynb #3d14b6a4
 def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | None, IndexedDict[Node, float]],
@@ -210,11 +223,12 @@ def handle_synced_deallocation(graph: Graph, stream_to_exec_trace: dict[int | No
 # %% ../nbs/12_dealloc.ipynb #11fd5b15
 def _last_use_per_side_stream(node: Node, users=None, stream: int | None = None) -> list[Node]:
     """The last use of `node` (or of `users`, its block's) on each stream other than its own (or `stream`), in graph
-    order; none if the output uses it."""
+    order, among the uses in `node`'s graph (forward or backward); none if the output or the backward uses it."""
     last: dict = {}
+    bwd = is_bwd_node(node)
     for user in (node.users if users is None else users):
-        if user.op == "output": return []
-        if user.op != "call_function" or user.target in OPS or not is_bwd_node(user): continue
+        if user.op == "output" or (is_bwd_node(user) and not bwd): return []   # it outlives the graph (is saved)
+        if user.op != "call_function" or user.target in OPS or is_bwd_node(user) != bwd: continue
         s = get_stream(user)
         if s not in last or user > last[s]: last[s] = user
     return sorted(u for s, u in last.items() if s != (get_stream(node) if users is None else stream))
@@ -236,12 +250,14 @@ def _block_users(storage: tuple, node: Node) -> list[Node] | None:
 @stream_pass("sync_deallocations", check=check_stream_ops)
 def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: str = "sync_dealloc",
                        device: str | DeviceSpec = "H100") -> None:
-    "Sync the deallocation of every backward tensor used on another stream (the record_stream problem)."
+    "Sync the deallocation of every tensor used on another stream (the seed: backward tensors only; the record_stream problem)."
     p = _policy(upstream, mechanism, device)
     validate(gm, p.need_val(gm))   # before any change
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
-    stream_to_exec_trace = p.timelines(gm.graph)
+    traces = {True: p.timelines(gm.graph)}   # the backward's, and the forward's once needed (22)
     for node in gm.graph.nodes:
-        if node.op == "call_function" and is_bwd_node(node):
+        if node.op == "call_function" and p.handles(node):
             for last_usage in p.last_uses(node):
-                _handle(p, gm.graph, stream_to_exec_trace, node, last_usage)
+                bwd = is_bwd_node(node)
+                if bwd not in traces: traces[bwd] = _all_stream_timelines(p, gm.graph, bwd)
+                _handle(p, gm.graph, traces[bwd], node, last_usage)

@@ -23,7 +23,7 @@ from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['ModeResult', 'Explanation', 'explain', 'show_explanation']
+__all__ = ['ModeResult', 'table_lines', 'Explanation', 'explain', 'show_explanation']
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -56,20 +56,22 @@ def _matches_eager(cap: Capture, inputs) -> bool:
     except AssertionError: return False
     return True
 
-def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistry) -> GraphModule:
+def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistry, **kwargs) -> GraphModule:
     "A copy of `gm` with the passes run on it alone."
     gm = copy.deepcopy(gm)
-    with use_registry(registry): run_stream_passes(gm, upstream=upstream, device=device)
+    with use_registry(registry): run_stream_passes(gm, upstream=upstream, device=device, **kwargs)
     return gm
 
-def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool) -> ModeResult:
+def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool,
+              forward_syncs: bool = False) -> ModeResult:
     mode = "upstream" if upstream else "default"
+    fs = dict(forward_syncs=True) if forward_syncs and not upstream else {}
     try:
-        processed, error = cap.process(upstream=upstream, registry=registry, device=device), None
+        processed, error = cap.process(upstream=upstream, registry=registry, device=device, **fs), None
         forward, backward = processed.forward, processed.backward
     except PartitionError as e:   # the seed's joint graph: process each graph alone (see above)
         processed, error = None, str(e)
-        forward, backward = (_alone(g, upstream, device, registry) for g in (cap.forward, cap.backward))
+        forward, backward = _alone(cap.forward, upstream, device, registry, **fs), _alone(cap.backward, upstream, device, registry)
     return ModeResult(mode=mode, backward=backward, forward=forward,
                       forward_timeline=simulate(forward, device=device, registry=registry, name=f"{mode} forward"),
                       forward_report=sanitize(forward, registry=registry),
@@ -79,6 +81,15 @@ def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: Strea
                       capture=processed, error=error,
                       matches_eager=_matches_eager(processed, inputs) if (check and processed is not None) else None)
 
+def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
+    "`rows` as a fixed-width table with a rule under the header (floats to 4 digits, None as '-')."
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    table = [cols] + [[fmt(row[c]) for c in cols] for row in rows]
+    w = [max(len(r[i]) for r in table) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in table]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    return lines
+
 @dataclass
 class Explanation:
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
@@ -87,6 +98,7 @@ class Explanation:
     modes: dict[str, ModeResult]
     device: str
     progress: list[str] = field(default_factory=list)
+    forward_syncs: bool = False   # did the default mode insert the forward's syncs?
 
     def summary(self) -> list[dict]:
         """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
@@ -106,20 +118,19 @@ class Explanation:
         r = self.modes["default"]
         if not r.forward_report.errors: return None
         first = r.forward_report.errors[0].message.splitlines()[0]
-        return (f"forward: {len(r.forward_report.errors)} sanitizer error(s) in both modes. PyTorch's stream passes (the "
-                f"seed's and streamnb's) insert syncs in the backward only: the forward's syncs are the program's job "
-                f"(e.g. `torch.cuda.current_stream().wait_stream(side)` before the current stream uses what `side` made). "
-                f"The first: {first}")
+        if self.forward_syncs:   # cannot happen unless a rule is wrong: say so rather than hide it
+            return f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. The first: {first}"
+        return (f"forward: {len(r.forward_report.errors)} sanitizer error(s) in the default's forward. PyTorch's stream "
+                f"passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs are the "
+                f"program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current stream uses "
+                f"what `side` made). `explain(..., forward_syncs=True)` (CLI: --forward-syncs) inserts them with the "
+                f"default's rules, beyond PyTorch. The first: {first}")
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
         cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "fw_errors", "partitions",
                 "matches_eager"]
-        fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
-        table = [cols] + [[fmt(row[c]) for c in cols] for row in self.summary()]
-        w = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in table]
-        lines.insert(1, "  ".join("-" * x for x in w))
+        lines = table_lines(self.summary(), cols)
         notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
                  f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
         notes += [n for n in [self.forward_note()] if n]
@@ -155,9 +166,11 @@ class Explanation:
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
-            show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto") -> Explanation:
+            show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto",
+            forward_syncs: bool = False) -> Explanation:
     """Capture `fn_or_module(*example_inputs)` (`frontend` as in `capture`: "auto" also reads stream objects), process it
-    both ways, simulate and sanitize the backward and the forward; see the chapter."""
+    both ways, simulate and sanitize the backward and the forward; see the chapter. `forward_syncs`: the default mode
+    also inserts the forward's syncs (`sync_forward`, beyond PyTorch)."""
     say = log or (lambda msg: None)
     progress = []
     def step(msg):
@@ -171,8 +184,9 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
         modes = {}
         for upstream in (True, False):
             step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
-            modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry, check)
-    ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress)
+            modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry, check,
+                                                                     forward_syncs)
+    ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs)
     if show: show_explanation(ex)
     return ex
 

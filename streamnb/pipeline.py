@@ -9,7 +9,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from torch.fx import GraphModule
 
-from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, transaction
+from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, is_bwd_node, transaction
 from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .cost import DeviceSpec, get_device_spec
@@ -19,7 +19,7 @@ from .metadata import populate_fw_metadata_with_stream_indices
 from .syncs import insert_backward_syncs
 
 # %% auto #0
-__all__ = ['STREAM_PASSES', 'run_pass', 'run_stream_passes']
+__all__ = ['STREAM_PASSES', 'run_pass', 'sync_forward', 'run_stream_passes']
 
 # %% ../nbs/15_pipeline.ipynb #e00a7882
 _BY_NAME = {p.__name__: p for p in (assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs,
@@ -38,13 +38,32 @@ def run_pass(gm: GraphModule, name: str, *args, upstream: bool = False, mechanis
     STREAM_PASSES[name](gm, *args, upstream=upstream, **options)
 
 # %% ../nbs/15_pipeline.ipynb #0a662839
+def sync_forward(gm: GraphModule) -> GraphModule:
+    """Insert the forward's syncs in the joint graph `gm` (or a forward graph alone) with the default rules of chapter
+    11, tagged `must_be_in_forward`; return `gm`. Run before the other passes (`run_stream_passes(forward_syncs=True)`)."""
+    check_graph_module(gm)
+    tags = {n: n.meta.get("partitioner_tag") for n in gm.graph.nodes}
+    with paused_gc(), transaction(gm):
+        for n in tags: n.meta["partitioner_tag"] = "is_forward" if is_bwd_node(n) else "is_backward"   # swapped
+        try: insert_backward_syncs.__wrapped__(gm)   # the pass itself: the graph is not marked as synced
+        finally:
+            for n in gm.graph.nodes:
+                if n not in tags: n.meta["partitioner_tag"] = "must_be_in_forward"
+                elif tags[n] is None: del n.meta["partitioner_tag"]
+                else: n.meta["partitioner_tag"] = tags[n]
+    return gm
+
+# %% ../nbs/15_pipeline.ipynb #41cb6791
 def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: Any = None,
                       mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100", dce: bool = False,
                       passes: Collection[str] = PIPELINE_ORDER,
-                      after: Mapping[str, Callable[[GraphModule], Any]] | None = None) -> GraphModule:
+                      after: Mapping[str, Callable[[GraphModule], Any]] | None = None,
+                      forward_syncs: bool = False) -> GraphModule:
     """Run the stream passes on the joint graph `gm` in place, in AOTAutograd's order; return `gm`. `passes`: which of
-    `PIPELINE_ORDER` run; `after`: pass name -> a step run on `gm` right after that pass."""
+    `PIPELINE_ORDER` run; `after`: pass name -> a step run on `gm` right after that pass; `forward_syncs`: first insert
+    the forward's syncs (`sync_forward`, beyond PyTorch)."""
     check_graph_module(gm)
+    if forward_syncs and upstream: raise StreamnbError("forward_syncs: the seed syncs the backward only; use the default rules")
     if isinstance(passes, str) or not all(isinstance(p, str) for p in passes):
         raise TypeError(f"passes: expected a collection of pass names, got {passes!r}")
     if unknown := [p for p in (*passes, *(after or ())) if p not in PIPELINE_ORDER]:
@@ -53,6 +72,7 @@ def run_stream_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: A
         raise TypeError("after: expected a mapping of pass name -> a function of the graph")
     if "sync_deallocations" in passes: get_device_spec(device)   # an unknown device fails here, not in pass four
     with paused_gc(), transaction(gm):   # all or nothing: a failing pass undoes the earlier ones too
+        if forward_syncs: sync_forward(gm)
         for name in (p for p in PIPELINE_ORDER if p in passes):   # the wrapping last: a later sync would be bare
             run_pass(gm, name, upstream=upstream, mechanism=mechanism, device=device)
             if after and name in after: after[name](gm)

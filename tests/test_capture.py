@@ -98,7 +98,8 @@ def test_processed_partitions_and_matches_eager(name, partitioner):
     assert all("val" in n.meta for n in pc.joint.graph.nodes if is_control_deps(n))
     ops = stream_ops(pc.backward)
     assert bool(ops) == (name in STREAM_MODELS)
-    assert stream_ops(pc.forward) == []                     # the passes only touch the backward
+    # in the forward the passes only protect frees (correction 22): records and sync_deallocs, no wait
+    assert {decode(n, pc.forward).kind for n in stream_ops(pc.forward)} <= {"record_event", "sync_dealloc"}
     # fresh inputs, not only the example ones
     torch.manual_seed(1)
     xs = tuple(torch.randn_like(x).requires_grad_(x.requires_grad) for x in inputs)
@@ -373,7 +374,7 @@ def test_explain_memory_picture_shows_the_blocks_the_seed_holds():
         return b
     times = sorted({t for t, _ in up.memory} | {t for t, _ in de.memory})
     diff = [allocated_at(up, t) - allocated_at(de, t) for t in times]
-    held = [k for k in up.lifetimes if up.lifetimes[k].free != de.lifetimes[k].free]
+    held = [k for k in up.lifetimes if k in de.lifetimes and up.lifetimes[k].free != de.lifetimes[k].free]
     assert held == ["_scaled_dot_product_flash_attention_for_cpu", "mm_1", "gelu_backward"]
     assert all(up.lifetimes[k].free > de.lifetimes[k].free for k in held)
     assert min(diff) == 0 and max(diff) == sum(up.lifetimes[k].nbytes for k in held) > 0

@@ -21,7 +21,7 @@ import oracle
 from streamnb.capturing import capture, cpu_streams, eager, run_graph
 from streamnb.pipeline import STREAM_PASSES
 from streamnb.compiling import (DynamoRegistry, UnsupportedTorchError, canonical_modulo_inputs,
-                                check_call_sites, executor_backend, use_streamnb_passes, values_on)
+                                check_call_sites, executor_backend, renumber_streams, use_streamnb_passes, values_on)
 from streamnb.examples import STREAM_MODELS, make_model, two_stream_fn
 from streamnb.graph import StreamnbError, StreamRegistry, canonical, get_stream
 from streamnb.streamops import decode
@@ -75,8 +75,10 @@ def assert_resolved(registry: DynamoRegistry):
     for i in registry.current_streams: assert isinstance(get_external_object_by_index(i), torch.Stream)
 
 
-def processed_joint(fn, inputs, registry: DynamoRegistry, upstream: bool = False):
+def processed_joint(fn, inputs, registry: DynamoRegistry, upstream: bool = False, renumbered=None):
+    "`capture(...).process()`'s joint graph, with the annotated regions renumbered as the switch renumbered them."
     cap = capture(fn, *inputs, frontend="dynamo")
+    if renumbered: renumber_streams(cap.joint, renumbered)
     cur = registry.pinned_current if registry.pinned_current is not None else cap.current_stream
     return cap.process(upstream=upstream, registry=StreamRegistry(start=100, current_stream=cur)).joint
 
@@ -182,7 +184,10 @@ def test_compile_annotated_models(name):
     assert not (set(reg.events) | set(reg.current_streams)) & annotated_streams(sw.graphs[0])
     bw = graphs["backward"][0]
     assert any(decode(n, bw) is not None for n in bw.graph.nodes)
-    assert canonical_modulo_inputs(sw.graphs[0]) == canonical_modulo_inputs(processed_joint(model, inputs, reg))
+    for i in annotated_streams(sw.graphs[0]): assert isinstance(get_external_object_by_index(i), torch.Stream)
+    assert sorted(sw.renumbered[0].values()) == sorted(annotated_streams(sw.graphs[0]))   # every region renumbered
+    assert canonical_modulo_inputs(sw.graphs[0]) == canonical_modulo_inputs(
+        processed_joint(model, inputs, reg, renumbered=sw.renumbered[0]))
 
 
 def test_compile_stream_objects():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from streamnb.compiling import CompileFailure
 
 from test_compile import (assert_eager, compile_and_run, event_joined_block, joined_blocks, two_blocks,
                           two_blocks_inputs)
@@ -27,8 +28,9 @@ def test_correction_14_the_seed_fails_on_it():
     "`upstream=True` makes the forward record depend on `native_layer_norm` itself: the partitioner refuses it."
     model, _ = event_joined_block("cpu")
     xs = (torch.randn(4, 16, 64, requires_grad=True),)
-    with pytest.raises(Exception, match="Expected native_layer_norm.* to be a tensor"):
+    with pytest.raises(CompileFailure, match="Expected native_layer_norm.* to be a tensor") as e:
         compile_and_run(model, xs, cpu_as="meta", upstream=True)
+    assert "depends on native_layer_norm, a node with several outputs" in str(e.value) and "correction 14" in str(e.value)
 
 
 def test_forward_ctrls_stay_in_the_forward():
@@ -99,8 +101,9 @@ def test_correction_18_input_mutation_then_outside_event_compiles(fn):
 
 def test_correction_18_the_seed_fails_on_it():
     "`upstream=True`: the seed's `synchronize_event` rewires the write-back's destination; AOTAutograd refuses."
-    with pytest.raises(Exception, match=r"n=copy_, n.args\[0\]=getitem"):
+    with pytest.raises(CompileFailure, match=r"n=copy_, n.args\[0\]=getitem") as e:
         run_compiled(mutate_then_synchronize_outside, keep=True, upstream=True)
+    assert "node copy_: the write-back of an input writes into getitem" in str(e.value) and "correction 18" in str(e.value)
 
 
 def join_then_read_input(x, y):
@@ -164,3 +167,39 @@ def _chain(e):
     while e is not None:
         yield e
         e = e.__cause__ or e.__context__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 27, item 4: an input mutated on a side stream is written back only after that stream's work. In the graph
+# (`keep_inference_input_mutations=True`) the write-back `copy_` runs on the mutation's stream, after it; outside it
+# the runtime wrapper copies on the stream `populate_fw_metadata_with_stream_indices` records
+# (`mutated_inp_stream_indices`, read by torch's runtime_wrappers.py).
+# ---------------------------------------------------------------------------------------------------------------
+
+def mutate_on_the_side_stream(x, y):
+    with S1: x.add_(1)
+    return y * 2
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_side_stream_mutation_is_written_back_on_its_stream(keep, monkeypatch):
+    import streamnb.compiling as C
+    from streamnb.capturing import cpu_streams
+    from streamnb.graph import get_stream
+    seen = []
+    run_pass = C.run_pass
+    def spy(gm, name, *args, **kw):
+        if name == "populate_fw_metadata_with_stream_indices": seen.append(args[0])
+        return run_pass(gm, name, *args, **kw)
+    monkeypatch.setattr(C, "run_pass", spy)
+    with cpu_streams():
+        sw, x, out = run_compiled(mutate_on_the_side_stream, keep=keep)
+    torch.testing.assert_close((x, out), (torch.ones(4), torch.arange(4.0) * 2))
+    side = {get_stream(n) for n in sw.graphs[0].graph.nodes if n.target is torch.ops.aten.add.Tensor}
+    assert len(side) == 1 and side != {0}
+    if keep:
+        (copy,) = copies(sw.graphs[0])
+        add = copy.args[1]
+        assert get_stream(copy) == get_stream(add) and copy > add
+    else:
+        assert seen and seen[-1].mutated_inp_stream_indices == sorted(side)

@@ -587,3 +587,63 @@ def test_views_and_allocations_on_one_stream_need_nothing(mechanism):
         if n.meta.get("custom"): n.meta["custom"] = {"stream": 0}
     run(gm, mechanism=mechanism)
     assert not nodes(gm, DEALLOC) and not nodes(gm, RSTREAM)
+
+
+# ---------------------------------------------------------------- correction 22: the forward's tensors
+
+def forward_read_elsewhere(saved: bool = False):
+    """A joint graph's forward: `mul` (stream 0) read by `sin` on stream 1, then stream 0 goes on with `cos`; the
+    backward (stream 0) reads `sin`'s result, and `mul` too if `saved`."""
+    b = GraphBuilder()
+    x, g = b.input("primals_1", tag=None), b.input("tangents_1")
+    a = b.op(aten.mul.Tensor, x, x, stream=0, tag="is_forward")
+    b.sync(streams.record_event.default, 1, 0, tag="is_forward"); b.sync(streams.wait_event.default, 1, 1, tag="is_forward")
+    s = b.op(aten.sin.default, a, stream=1, tag="is_forward")
+    c = b.op(aten.cos.default, x, stream=0, tag="is_forward")
+    b.sync(streams.record_event.default, 2, 1, tag="is_forward"); b.sync(streams.wait_event.default, 2, 0, tag="is_forward")
+    out = b.op(aten.add.Tensor, c, c, stream=0, tag="is_forward")
+    grad = b.op(aten.mul.Tensor, g, s, stream=0)
+    return b.output(out, grad, *([b.op(aten.mul.Tensor, g, a, stream=0)] if saved else []))
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_22_a_forward_tensor_read_on_another_stream_is_protected_in_the_forward(upstream):
+    "`mul` is freed after `sin` (stream 1); stream 0 waits for `sin` first, and both syncs stay in the forward."
+    from streamnb.sanitizer import sanitize
+    gm = forward_read_elsewhere()
+    with use_registry(StreamRegistry(start=10)) as reg: sync_deallocations(gm, upstream=upstream)
+    (free,) = gm.graph.find_nodes(op="call_function", target=DEALLOC)
+    rec = next(r for r in gm.graph.find_nodes(op="call_function", target=REC) if r.args[0] == free.args[0])
+    assert (free.args[1], free.args[2].name, rec.prev.name, rec.args[1]) == (0, "mul", "sin", 1)
+    assert free.meta["partitioner_tag"] == rec.meta["partitioner_tag"] == "must_be_in_forward"
+    report = sanitize(gm, registry=reg)   # (the joint graph as one: `sin`, saved for the backward, is read there on stream 0)
+    assert [(e.kind, e.tensor) for e in report.errors] == [("unsafe_reuse", "sin")]
+
+
+def test_correction_22_a_saved_tensor_is_left_to_the_backward():
+    "The backward reads `mul` too: it is saved, outlives the forward, and gets no forward sync (nor any other)."
+    gm = forward_read_elsewhere(saved=True)
+    with use_registry(StreamRegistry(start=10)): sync_deallocations(gm)
+    assert gm.graph.find_nodes(op="call_function", target=DEALLOC) == []
+
+
+def test_correction_22_the_seed_never_touches_the_forward():
+    "`upstream=True` leaves the same graph as the seed did: nothing inserted for forward tensors."
+    gm = forward_read_elsewhere()
+    before = canonical(gm)
+    with use_registry(StreamRegistry(start=10)): sync_deallocations(gm, upstream=True)
+    assert canonical(gm) == before
+
+
+def test_correction_22_end_to_end_the_forward_of_a_real_pattern():
+    """MoE shared expert (SGLang/vLLM), annotate style: the seed's forward frees `silu` (made on stream 1, read on stream
+    0) while it may be read, the default protects it; the processed program still equals eager, and no forward sync
+    went into the backward graph."""
+    from streamnb.patterns import explain_pattern
+    ex = explain_pattern("moe_shared_expert", "annotate")
+    kinds = {m: [e.kind for e in r.forward_report.errors] for m, r in ex.modes.items()}
+    assert "unsafe_reuse" in kinds["upstream"] and "unsafe_reuse" not in kinds["default"]
+    r = ex.modes["default"]
+    assert r.matches_eager and r.error is None
+    fw_events = {n.args[0] for n in r.forward.graph.find_nodes(op="call_function", target=DEALLOC)}
+    assert fw_events and not fw_events & {n.args[0] for n in r.backward.graph.find_nodes(op="call_function", target=DEALLOC)}

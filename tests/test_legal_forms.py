@@ -145,6 +145,27 @@ def test_multi_output_in_generated_graphs():
         assert hazards(gm, reg) == [], f"seed {seed}"
 
 
+def triton_like(x):
+    "Stands for `triton_kernel_wrapper_functional`: its value is a dict of the tensors the kernel writes."
+    return {"out": x.sin(), "aux": x.cos()}
+
+
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_dict_valued_kernel_output_is_a_dep_through_its_getitems(upstream):
+    """A Triton kernel's dict on stream 1, one result read by name (annotated stream 0) before a user's record on stream 1:
+    the record must not depend on the dict itself (AOTAutograd's partitioner expects a node read other than through
+    getitems to be a tensor); newer PyTorch expands dict deps (PR #187498), the default does as for tuples (14)."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    k = b.op(triton_like, x, stream=1, tag="is_forward")
+    out = b.op(operator.getitem, k, "out", stream=0, tag="is_forward")   # (a getitem does no work: any stream)
+    b.sync(REC, 3, 1, tag="is_forward")
+    aux = b.op(operator.getitem, k, "aux", stream=1, tag="is_forward")
+    gm, reg = passes(b.output(b.op(aten.add.Tensor, out, aux, stream=1, tag="is_forward")), upstream=upstream)
+    deps = [d for n in gm.graph.nodes if is_control_deps(n) for d in n.args[0]]
+    assert out in deps and k not in deps
+
+
 # --- writes and reads through aliases (correction 10) ---------------------------------------------------------------
 
 def write_through_alias(kind="t"):

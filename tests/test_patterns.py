@@ -42,15 +42,19 @@ def test_objects_and_annotate_compute_the_same():
 
 
 def test_missing_record_stream_is_named():
-    "A shared expert joined with wait_stream but without record_stream: the forward's unsafe reuse is found and named."
+    """A shared expert joined with wait_stream but without record_stream: the seed's forward reuses the block unsafely,
+    and the sanitizer names the missing record_stream; the default protects the free (correction 22) and is clean."""
     class NoRecord(MoESharedExpert):
         def join(self, i, *made_there): super().join(i)
     torch.manual_seed(0)
     with cpu_streams(): m = NoRecord("objects")
     ex = explain(m, torch.randn(6, 16, requires_grad=True))
-    errs = ex.modes["default"].forward_report.errors
+    errs = ex.modes["upstream"].forward_report.errors
     assert [e.kind for e in errs] == ["unsafe_reuse"]
     assert "record_stream" in errs[0].message and "allocated on stream 1" in errs[0].message
+    default = ex.modes["default"]
+    assert default.forward_report.ok and default.matches_eager
+    assert default.forward.graph.find_nodes(op="call_function", target=torch.ops.streams.sync_dealloc.default)
 
 
 def test_build_refuses_unknown_names():

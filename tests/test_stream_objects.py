@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import streamnb
-from streamnb.capturing import CPUEvent, CPUStream, TraceError, capture, cpu_streams, eager
+from streamnb.capturing import CaptureError, CPUEvent, CPUStream, TraceError, capture, cpu_streams, eager
 from streamnb.streamops import decode
 
 
@@ -207,3 +207,30 @@ def test_explain_judges_the_forward():
     assert "the forward's syncs are the program's job" in bad.summary_text()
     assert "forward:" not in good.summary_text()
     assert good.modes["default"].forward_timeline.makespan > 0
+
+
+class OffloadInHooks(torch.nn.Module):
+    "torchtune-style activation offloading: saved activations copied to the CPU on a side stream in saved_tensors_hooks."
+    def __init__(self, hooks: str = "saved_tensors_hooks"):
+        super().__init__()
+        self.w, self.side, self.hooks = torch.nn.Parameter(torch.randn(8, 8)), torch.cuda.Stream(), hooks
+
+    def forward(self, x):
+        def pack(t):
+            with torch.cuda.stream(self.side): return t.to("cpu", non_blocking=True)
+        ctx = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if self.hooks == "saved_tensors_hooks"
+               else torch.autograd.graph.save_on_cpu())
+        with ctx: y = (x @ self.w).relu()
+        return y.sum()
+
+
+@pytest.mark.parametrize("frontend", ["auto", "aot", "dynamo"])
+@pytest.mark.parametrize("hooks", ["saved_tensors_hooks", "save_on_cpu"])
+def test_saved_tensors_hooks_are_refused_saying_why(frontend, hooks):
+    """Before: the aot frontend captured the model without its hooks' stream work (no stream at all) and dynamo said
+    'Attempted to inline function marked as skipped'. Now every frontend refuses it and names the hooks."""
+    with cpu_streams(): m = OffloadInHooks(hooks)
+    with pytest.raises(CaptureError, match=r"uses torch\.autograd\.graph\.\w+: AOTAutograd traces the forward and "
+                       r"backward without such hooks") as e:
+        capture(m, torch.randn(4, 8, requires_grad=True), frontend=frontend)
+    assert "streamnb cannot judge it" in str(e.value)
