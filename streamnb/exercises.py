@@ -18,6 +18,7 @@ from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, is_control_deps
 from .streamops import StreamOp, decode
 from .simulator import simulate
+from .cost import calibrated
 from .sanitizer import Report, Finding, _sname, sanitize
 
 # %% auto #0
@@ -161,16 +162,25 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
         " and ".join(f"wait_event(e, {s}) before {c.name}" for s, c in by_stream.items())
         for p, by_stream in waits.items())
 
-def host_problems(best: GraphModule, answer: GraphModule) -> list[str]:
-    "A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix."
+def _with_host_costs(best: GraphModule, answer: GraphModule, cost=None) -> str:
+    "Both makespans with a GPU's host costs (chapter 04b's `calibrated('H100')`: a host sync wakes the host late)."
+    spec = calibrated("H100")
+    a, b = (simulate(g, cost=cost, device=spec).makespan_us for g in (answer, best))
+    return (f" With a GPU's host costs ({spec.host_issue_us:g} µs to issue a kernel, {spec.host_wake_us:g} µs to wake "
+            f"the host after a host sync: calibrated('H100'), chapter 04b) this answer takes {a:.4g} µs, the worked "
+            f"solution {b:.4g} µs.")
+
+def host_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str]:
+    """A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix,
+    and what it costs with a GPU's host costs (`cost` as for `simulate`)."""
     check_graph_module(best, 'best')
     allowed, out = Counter(op.kind for op in host_syncs(best)), []
     for op in host_syncs(answer):
         if allowed[op.kind] > 0: allowed[op.kind] -= 1; continue
         where = "never blocks the host" if not host_syncs(best) else f"has no {op.kind}"
         out.append(f"node {op.node.name}: {op.kind} blocks the host (the CPU waits {_until(op)} and launches nothing "
-                   f"meanwhile); the worked solution {where}. Fix: {_gpu_fix(answer, op.node)}")
-    return out
+                   f"meanwhile); the worked solution {where}. Fix: {_gpu_fix(answer, op.node)}.")
+    return [p + _with_host_costs(best, answer, cost) for p in out]
 
 # %% ../nbs/08_exercises.ipynb #eeccd464
 def in_words(e: Finding) -> str:
@@ -365,7 +375,7 @@ def check(ex: Exercise, answer: GraphModule) -> Grade:
     sanitizer's errors, its syncs, its frees and its makespan; each problem names the node and the fix."""
     if not isinstance(answer, GraphModule): raise StreamnbError(f"check needs a GraphModule, not {type(answer).__name__}")
     best = ex.best()
-    problems = host_problems(best, answer) + work_problems(ex.start(), answer)
+    problems = host_problems(best, answer, ex.cost) + work_problems(ex.start(), answer)
     found, rep = _sanitized(ex, answer)
     problems += found + sync_problems(best, answer) + free_problems(best, answer)
     n, nb = count_syncs(answer), count_syncs(best)
