@@ -269,8 +269,10 @@ def diagnose(gm: GraphModule, error: str = "") -> str | None:
     each one found, those whose node torch's `error` names first."""
     check_graph_module(gm)
     named = lambda node: re.search(rf"\b{re.escape(node.name)}\b", error) is None
-    found = [why for _, why in sorted(_causes(gm), key=lambda c: named(c[0]))]
-    return "; also: ".join(found) or None
+    found = {}   # one explanation per defect (its correction or PR), the named node's first
+    for _, why in sorted(_causes(gm), key=lambda c: named(c[0])):
+        found.setdefault(re.findall(r"correction \d+|PR #\d+", why)[-1], why)
+    return "; also: ".join(found.values()) or None
 
 # %% ../nbs/20_compile.ipynb #2f0f6e77
 def executor_backend(graphs: dict | None = None, executor: Callable = run_graph):
@@ -346,13 +348,13 @@ class CompiledExplanation:
 
 def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegistry | None = None,
                      device: str = "H100") -> CompiledExplanation:
-    """Simulate and sanitize each graph of `graphs` (kind -> graphs, as `executor_backend` fills it), with `registry`
-    (the switch's, for the graphs' current stream; None: the graphs' own numbering)."""
+    """Simulate (on `device`'s datasheet numbers, whatever device the values are on) and sanitize each graph of `graphs`
+    (kind -> graphs, as `executor_backend` fills it), with `registry` (the switch's, for the graphs' current stream;
+    None: the graphs' own numbering)."""
     named = {f"{kind} {i}": g for kind, gms in graphs.items() for i, g in enumerate(gms)}
     if not named: raise StreamnbError("explain_compiled: no graph; call the compiled function (inside the switch) first")
     with use_registry(registry or StreamRegistry(start=100)):
         return CompiledExplanation(
-            graphs=named, device=device,
-            timelines={k: simulate(g, device=device, name=k) for k, g in named.items()},
+            graphs=named, device=device, timelines={k: simulate(g, device=device, name=k) for k, g in named.items()},
             reports={k: sanitize(g) for k, g in named.items()},
             reorder_reports={k: sanitize(g, reorder=True) for k, g in named.items()})

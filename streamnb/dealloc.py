@@ -194,9 +194,10 @@ def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
 def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node) -> None:
     "The seed's `handle_synced_deallocation`, asking `p` at each decision."
     alloc = p.allocator(node)   # the seed: `node` itself
-    if not (p.handles(alloc) and p.handles(last_usage)) or (bwd := is_bwd_node(alloc)) != is_bwd_node(last_usage):
-        raise AssertionError("synced allocations should only be handled on backward nodes" if not p.handles(alloc) else
-                             f"{alloc.name} and its last use {last_usage.name} are in different graphs (forward, backward)")
+    if not (p.handles(alloc) and p.handles(last_usage)):
+        raise AssertionError("synced allocations should only be handled on backward nodes")
+    if (bwd := is_bwd_node(alloc)) != is_bwd_node(last_usage):
+        raise AssertionError(f"{alloc.name} and its last use {last_usage.name} are in different graphs (forward, backward)")
     if get_stream(alloc) == get_stream(last_usage):
         raise AssertionError("allocating and side stream should be different for synced deallocations")
     if p.mechanism == "record_stream":   # the seed: `if not torch.cuda.is_available()`

@@ -1,5 +1,6 @@
 """The README's code block runs as written (issue 27, item 5): on the README's own example model, with `gm` a real
-joint graph; the compile lines compile, run forward and backward, and explain what torch.compile compiled."""
+joint graph; the compile lines compile, run forward and backward, and explain what torch.compile compiled. On a GPU
+(`tools/gpu_check.sh` runs this file) the same block runs with the model and input on CUDA."""
 from __future__ import annotations
 
 import re
@@ -10,14 +11,17 @@ import torch
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")
 README = Path(__file__).resolve().parents[1] / "README.md"
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_the_readme_block_runs_as_written(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_the_readme_block_runs_as_written(device, tmp_path, monkeypatch, capsys):
     from streamnb.examples import running_example, transformer_block_example
     block = re.search(r"## Using it on your own graphs\s+```python\n(.*?)```", README.read_text(), re.S).group(1)
     assert "gm = ...  " in block
     code = block.replace("gm = ...  ", "gm = gm    ", 1)   # the one placeholder: the user's graph
     model, (x,) = transformer_block_example()
+    model, x = model.to(device), x.detach().to(device).requires_grad_()
     monkeypatch.chdir(tmp_path)                           # (it writes trace.json)
     env = dict(torch=torch, gm=running_example(), model=model, x=x)
     torch._dynamo.reset()

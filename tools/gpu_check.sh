@@ -64,7 +64,7 @@ NB=nbs/19a_cuda_demos.ipynb
 step "execute $NB" 150 "$PY" tools/run_nb.py "$NB"
 step "clean $NB" 30 "$BIN/nbdev_clean" --fname "$NB"
 cp "$NB" "$OUT/nbs/"
-step "pytest CUDA tests" 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_compile.py -k "cuda"
+step "pytest CUDA tests" 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_compile.py tests/test_readme.py -k "cuda"
 step "gpu_measurements" 150 "$PY" benchmarks/gpu_measurements.py --out "$OUT/gpu_measurements.json"
 step "nbdev_test $NB" 120 "$BIN/nbdev_test" --flags cuda --do_print --path "$NB"
 
