@@ -243,7 +243,7 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
 
 def mean_relative_error(predicted: list[float], measured: list[float]) -> float:
-    "The mean of |predicted - measured| / measured."
+    "The mean of `abs(predicted - measured) / measured`."
     return sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(measured)
 
 # %% ../nbs/04b_calibration.ipynb #954c5d65

@@ -52,14 +52,6 @@ def occupancy(node: Node, device: str | DeviceSpec = "H100") -> float:
                  for t in pytree.tree_leaves(a.meta.get("val")) if isinstance(t, torch.Tensor)), default=0)
     return min(1.0, max(1, math.ceil(numel / ELEMENTS_PER_BLOCK)) / sm_count(device))
 
-# %% ../nbs/04a_contention.ipynb #6561568d
-_PEAKS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp64_tflops")
-
-@functools.lru_cache(maxsize=None)
-def _split(spec: DeviceSpec) -> tuple[DeviceSpec, DeviceSpec]:
-    "`spec` with infinite bandwidth (its estimate is the compute time) and with infinite FLOP rates (the transfer time)."
-    return (dataclasses.replace(spec, hbm_gbps=math.inf), dataclasses.replace(spec, **{f: math.inf for f in _PEAKS}))
-
 # %% ../nbs/04a_contention.ipynb #2ace9fac
 def kernel_demand(node: Node, ms: float, device: str | DeviceSpec = "H100") -> Demand:
     """`node`'s `Demand` on `device` when it takes `ms` alone: roofline compute and transfer times over `ms`, capped by
@@ -69,9 +61,10 @@ def kernel_demand(node: Node, ms: float, device: str | DeviceSpec = "H100") -> D
     if spec.threads_per_sm:   # calibrated: its work fills `occ` of the SMs; the rest of its time is fixed cost
         compute, memory = kernel_times(node, spec)
         return Demand(min(work_occupancy(node, spec), compute / ms), min(1.0, memory / ms))
-    compute_only, memory_only = _split(spec)
-    compute = get_roofline_estimate(node, device=compute_only)
-    memory = get_roofline_estimate(node, device=memory_only)
+    # chapter 03's estimate with infinite bandwidth (compute) and with infinite FLOP rates (memory): one `kernel_times`
+    compute_ms, transfer_ms = kernel_times(node, spec)
+    fixed = spec.kernel_fixed_us / 1e3
+    compute, memory = fixed + compute_ms, fixed + transfer_ms / spec.bw_efficiency
     occ = occupancy(node, spec)
     return Demand(min(occ, compute / ms), min(occ, memory / ms))
 

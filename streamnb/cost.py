@@ -178,6 +178,10 @@ def val_nodes(node: Node) -> list[Node]:
     return [node] + list(dict.fromkeys(flat_args(node)))
 
 def _tensors(x: Any) -> list[torch.Tensor]:
+    "The tensors in `x` (a pytree of values); a tensor, or a flat list or tuple of values, without the pytree walk."
+    if isinstance(x, torch.Tensor): return [x]
+    if type(x) in (list, tuple) and not any(type(v) in (list, tuple, dict) for v in x):
+        return [t for t in x if isinstance(t, torch.Tensor)]
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 # %% ../nbs/03_cost.ipynb #9df13989

@@ -22,7 +22,7 @@ from .metadata import populate_fw_metadata_with_stream_indices
 from .pipeline import run_stream_passes
 
 # %% auto #0
-__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'join_before_output', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise_solution', 'wrapper_exercise', 'pipeline_exercise']
+__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'join_before_output', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise', 'wrapper_exercise_solution', 'pipeline_exercise']
 
 # %% ../nbs/10_backward_streams.ipynb #7d347ab5
 def acc_exercise_graph() -> GraphModule:
@@ -177,15 +177,6 @@ def forward_gm() -> GraphModule:
     b, _, outs = mutating_forward()
     return b.output(*outs)
 
-# %% ../nbs/14_metadata.ipynb #744fa2df
-def wrapper_exercise_solution(gm: GraphModule) -> GraphModule:
-    "`wrapper_exercise`'s worked solution: a wait before each copy whose new value the metadata puts on a side stream."
-    meta = SimpleNamespace(num_mutated_inp_runtime_indices=2)
-    populate_fw_metadata_with_stream_indices(forward_gm(), meta)
-    for copy, s in zip(("copy_", "copy__1"), meta.mutated_inp_stream_indices):
-        if s is not None and s != 0: insert(gm, streams.wait_stream.default, 0, s, before=copy)
-    return gm
-
 # %% ../nbs/14_metadata.ipynb #060d6591
 def wrapper_exercise():
     "Chapter 14's exercise: make the runtime wrapper's write-back copies (`with_wrapper`) wait for the right streams."
@@ -193,6 +184,16 @@ def wrapper_exercise():
                     cost=WRAPPER_COST,
                     task="Make the write-back copies wait for the streams their new values come from, "
                          "reading the streams from fw_metadata.mutated_inp_stream_indices.")
+
+# %% ../nbs/14_metadata.ipynb #744fa2df
+#| code-fold: true
+def wrapper_exercise_solution(gm: GraphModule) -> GraphModule:
+    "`wrapper_exercise`'s worked solution: a wait before each copy whose new value the metadata puts on a side stream."
+    meta = SimpleNamespace(num_mutated_inp_runtime_indices=2)
+    populate_fw_metadata_with_stream_indices(forward_gm(), meta)
+    for copy, s in zip(("copy_", "copy__1"), meta.mutated_inp_stream_indices):
+        if s is not None and s != 0: insert(gm, streams.wait_stream.default, 0, s, before=copy)
+    return gm
 
 # %% ../nbs/15_pipeline.ipynb #7c4ea18f
 def pipeline_exercise():
