@@ -133,7 +133,7 @@ def _test_lines(source: str) -> list[str]:
     try: tree = ast.parse(source)
     except SyntaxError: return []
     out = []
-    for st in tree.body:
+    for st in ast.walk(tree):   # at any depth: in loops, `with` blocks and functions too
         if isinstance(st, ast.Assert) or (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
                                           and isinstance(st.value.func, ast.Name)
                                           and st.value.func.id.startswith("test")):
@@ -142,7 +142,7 @@ def _test_lines(source: str) -> list[str]:
 
 
 def test_no_test_lines(edition):
-    "No top-level `test_eq(...)`/`test_fail(...)`/`assert` is left outside exported cells; the course had many."
+    "No `test_eq(...)`/`test_fail(...)`/`assert`, at any depth, is left outside exported cells; the course had many."
     had = 0
     for orig, p in pairs(edition):
         had += sum(len(_test_lines(c.source)) for c in nbformat.read(orig, as_version=4).cells
@@ -178,6 +178,20 @@ def test_strip_tests_keeps_the_rest():
     assert strip("%timeit f()\ntest_eq(1, 1)") == "%timeit f()\ntest_eq(1, 1)"   # does not parse: unchanged
 
 
+def test_strip_tests_inside_blocks():
+    "Tests inside loops, `with` blocks and functions go too; an emptied body gets a `pass`; a shared line stays."
+    strip = _tool().strip_tests
+    src = ("for i in range(3):\n    y = i\n    test_eq(y, i)\n"
+           "with ctx() as c:\n    test_fail(lambda: 1,\n              contains='a')\n"
+           "def h(a):\n    assert a\n"
+           "try:\n    z = 1\n    assert z\nexcept Exception:\n    pass\n"
+           "a = 2; test_eq(a, 2)\ntest_eq(1, 1); test_eq(2, 2)")
+    out = strip(src)
+    assert out == ("for i in range(3):\n    y = i\ndef h(a):\n    pass\ntry:\n    z = 1\nexcept Exception:\n    pass\n"
+                   "a = 2; test_eq(a, 2)"), out
+    compile(out, "<student>", "exec")
+
+
 def _answer_cell(cell) -> bool:
     "An answer cell as the learner gets it: empty, or only comments and a fresh start graph (`answer = ex.start()`)."
     lines = [l.strip() for l in cell.source.splitlines() if l.strip() and not l.strip().startswith("#")]
@@ -193,6 +207,9 @@ def test_solutions_collapsed_after_the_learners_cell(path):
     folds = [i for i, c in enumerate(cells) if solution(c)]
     for i in folds:
         assert cells[i].metadata.get("jupyter", {}).get("source_hidden") is True, f"{path.name}: cell {cells[i].get('id')} not collapsed"
+    for c in cells:   # a worked solution written as a function (chapter 14's was shown, open, above the answer cell)
+        if c.cell_type == "code" and re.search(r"^def \w+_solution\(", c.source, re.M):
+            assert solution(c), f"{path.name}: cell {c.get('id')} defines a worked solution but is not `#| code-fold: true`"
     for e, c in enumerate(cells):
         if c.cell_type == "markdown" and re.search(r"^#+ Exercise", c.source, re.M):
             first = next((i for i in folds if i > e), None)

@@ -10,7 +10,8 @@ What this script does before Sphinx runs, in `build/docs-src/` (the notebooks in
 - nbdev's directives: `#| hide` cells are dropped, directive lines (`#| export`, `#| default_exp` ...) are removed,
   `#| hide_line` lines, `%` magics and ANSI escapes go, `#| echo: false` / `#| output: false` hide input / output,
   `#| code-fold: true` (an exercise's worked solution) shows the code collapsed in a <details> whose summary reads
-  "Solution", its output below it,
+  "Solution", its output below it (collapsed too when the cell's `metadata.jupyter.outputs_hidden` is set, as Jupyter
+  collapses it),
   `#| filter_stream` filters, `#| cuda` cells get a "GPU cell" label (their outputs were recorded on a CUDA machine);
 - every exported cell gets anchors named as nbdev names them (`#graphbuilder`, `#capture.module`);
 - the API reference: one page per module of the package that has an `__all__` (found by walking the package, never
@@ -160,6 +161,7 @@ def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.Note
             "symbols": {}, "cuda_cells": 0}
     cells = []
     for cell in nb.cells:
+        out_hidden = cell.get("metadata", {}).get("jupyter", {}).get("outputs_hidden") is True
         cell.metadata = {}
         if cell.cell_type == "markdown":
             if info["title"] is None:
@@ -188,6 +190,7 @@ def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.Note
         if folded(dirs):   # a worked solution: its code collapsed under "Solution", its output shown
             meta["tags"].append("hide-input")
             meta["mystnb"] = {"code_prompt_show": SOLUTION[0], "code_prompt_hide": SOLUTION[1]}
+            if out_hidden: meta["tags"].append("hide-output")   # an output that gives the answer away: collapsed too
         target = _export_target(dirs, dflt)
         if target:
             names = defined_names(code)

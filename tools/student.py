@@ -8,8 +8,9 @@ skipped) into FOLDER, read and written with nbdev's own notebook tools (`execnb.
   of the notebook calls (chapter 08's `solve`, which its exercise grades against and its examples use), in which case
   the notebook needs it: such a cell is kept unchanged and collapsed (`metadata.jupyter.source_hidden`, which Jupyter
   honours and settings.ini's `allowed_cell_metadata_keys` keeps), so that every notebook of the edition still runs;
-- the test lines gone: top-level `test_eq(...)`, `test_fail(...)`, `test_close(...)` ... calls (fastcore.test) and
-  `assert` statements, whole statements even over several lines; a cell left with nothing but comments is dropped,
+- the test lines gone: `test_eq(...)`, `test_fail(...)`, `test_close(...)` ... calls (fastcore.test) and `assert`
+  statements, whole statements even over several lines, also inside loops, `with` blocks and functions (a body left
+  empty gets a `pass`); a cell left with nothing but comments is dropped,
   a cell that lost lines loses its stored outputs;
 - everything else as it is: exported cells are never touched, so `nbdev_export` on the student edition writes the
   same modules, and markdown, plots and outputs stay.
@@ -47,25 +48,48 @@ def is_solution(dirs: dict) -> bool:
 def is_exported(dirs: dict) -> bool: return bool(EXPORTS & set(dirs))
 
 
+_BLOCKS = (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.If)
+
+
 def _is_test(stmt: ast.stmt) -> bool:
     if isinstance(stmt, ast.Assert): return True
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         f = stmt.value.func
         return isinstance(f, ast.Name) and f.id in TEST_CALLS
-    if isinstance(stmt, ast.For):   # a loop that only tests (`for x in xs: test_eq(...)`)
-        return all(_is_test(s) for s in stmt.body) and not stmt.orelse
+    if isinstance(stmt, _BLOCKS):   # a block that only tests (`for x in xs: test_eq(...)`, `with ...: test_fail(...)`)
+        return all(_is_test(s) for s in stmt.body) and all(_is_test(s) for s in getattr(stmt, "orelse", []))
     return False
 
 
+def _bodies(stmt: ast.stmt):
+    "The statement lists nested in a compound statement (loop, with, if, try, def, class bodies)."
+    for field in ("body", "orelse", "finalbody"):
+        b = getattr(stmt, field, None)
+        if isinstance(b, list) and b and isinstance(b[0], ast.stmt): yield b
+    for h in getattr(stmt, "handlers", []): yield h.body
+
+
 def strip_tests(source: str) -> str:
-    "The source without its top-level test statements (unchanged if it does not parse, e.g. a `%` magic)."
+    """The source without its test statements, at any depth (unchanged if it does not parse, e.g. a `%` magic). A nested
+    body left with nothing gets a `pass`; a test sharing a line with a statement that is not a test is kept (it cannot be cut out)."""
     try: tree = ast.parse(source)
     except SyntaxError: return source
     lines = source.splitlines(True)
-    drop = set()
-    for stmt in tree.body:
-        if _is_test(stmt): drop.update(range(stmt.lineno - 1, stmt.end_lineno))
-    return "".join(l for i, l in enumerate(lines) if i not in drop).rstrip("\n")
+    drop, passes = set(), {}
+    def alone(stmt, body):   # no statement but tests on its lines
+        return all(o is stmt or o.end_lineno < stmt.lineno or o.lineno > stmt.end_lineno or _is_test(o) for o in body)
+    def walk(body, nested):
+        tests = [st for st in body if _is_test(st) and alone(st, body) and True]
+        for st in tests: drop.update(range(st.lineno - 1, st.end_lineno))
+        if nested and tests and len(tests) == len(body):   # keep the block valid
+            passes[tests[0].lineno - 1] = " " * tests[0].col_offset + "pass\n"
+        for st in body:
+            if st not in tests:
+                for b in _bodies(st):
+                    if b[0].lineno != st.lineno: walk(b, True)   # a one-line block (`if x: test_eq(...)`) stays as it is
+    walk(tree.body, False)
+    out = [passes.get(i, l) for i, l in enumerate(lines) if i not in drop or i in passes]
+    return "".join(out).rstrip("\n")
 
 
 def _parse(source: str):
