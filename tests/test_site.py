@@ -570,3 +570,20 @@ def test_screenshots_saved(site, crawl):
     for name in ("index.png", "chapter.png"):
         f = site["out"] / "_check" / name
         assert f.is_file() and f.stat().st_size > 10_000, f"screenshot {f} missing or blank"
+
+
+def test_each_check_catches_its_failure(tmp_path):
+    "Each check broken on purpose, without a browser: raw table text, a placeholder link, a figure shrunk below 8 px."
+    raw = {"pages": {"index.html": {"prose": "seed vs streamnb\n| mode | syncs |\n|---|---|\n| seed | 4 |", "tables": 9,
+                                     "links": []}}}
+    with pytest.raises(AssertionError, match="raw Markdown table text"): test_markdown_tables_render_as_tables(raw)
+    assert _re_raw_table.search("| a |—|—|") and not _re_raw_table.search("a - b | c")
+    bad = {"pages": {"graph.html": {"links": ["https://github.com/example/streamnb/blob/main/nbs/01_graph.ipynb"]}}}
+    with pytest.raises(AssertionError, match="placeholder home"): test_no_link_to_a_placeholder_home(bad)
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(8, 2)); fig.text(0.1, 0.5, "7 pt", fontsize=7); fig.savefig(tmp_path / "f.png", dpi=100)
+    plt.close(fig)
+    assert round(png_dpi(tmp_path / "f.png")) == 100
+    shrunk = figure_text_px({"shown": 400, "natural": 800}, tmp_path / "f.png", 7)   # shown at half its width
+    assert shrunk < MIN_TEXT_PX <= figure_text_px({"shown": 800, "natural": 800}, tmp_path / "f.png", 7)
