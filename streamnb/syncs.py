@@ -62,6 +62,9 @@ class SeedSyncs:
     def output_producers(self, gm: GraphModule) -> list[Node]:
         "The backward nodes whose side-stream writes the graph returns, to join to the current stream: none."
         return []
+    def reads(self, consumer: Node, gm: GraphModule) -> bool:
+        "Is `consumer` a reader that may need a wait? Every node: a stream op too (`record_stream` has no `val` and fails)."
+        return True
 
 # %% ../nbs/11_syncs.ipynb #8484bb8f
 class CorrectedSyncs(SeedSyncs):
@@ -88,6 +91,11 @@ class CorrectedSyncs(SeedSyncs):
                 "it", "each side stream that last wrote a returned backward value gets one record after its last such "
                 "writer and one wait on the current stream before the output")
     def output_producers(self, gm: GraphModule) -> list[Node]: return _output_producers(gm)
+    @correction(23, "11_syncs", "a stream op that takes a tensor (`gw.record_stream(cur)` after a join, as Megatron's "
+                "custom backwards do) counts as a cross-stream consumer: the pass looks its stream up by its device, "
+                "from a `meta['val']` it does not have, and fails", "stream ops read no data on the device: they get no "
+                "wait (a `record_stream` only defers a free, which the dealloc pass orders)")
+    def reads(self, consumer: Node, gm: GraphModule) -> bool: return decode(consumer, gm) is None
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
 def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
@@ -216,9 +224,10 @@ def _crosses_streams(consumer: Node, producer: Node) -> bool:
     return producer.op == "call_function" and is_bwd_node(producer) and get_stream(producer) != get_stream(consumer)
 
 # %% ../nbs/11_syncs.ipynb #6fa2a49e
-def _cross_edges(gm: GraphModule) -> list[tuple[Node, Node]]:
+def _cross_edges(gm: GraphModule, p: SeedSyncs | None = None) -> list[tuple[Node, Node]]:
     "The `(consumer, producer)` edges the pass looks at: a backward producer read by a backward node on another stream."
     return [(consumer, producer) for consumer in gm.graph.nodes if consumer.op == "call_function" and is_bwd_node(consumer)
+            and (p is None or p.reads(consumer, gm))   # `p`: the policy that says which nodes read (default: all)
             for producer in flat_args(consumer) if _crosses_streams(consumer, producer)]
 
 # %% ../nbs/11_syncs.ipynb #2931d027
@@ -239,14 +248,14 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
     p = SeedSyncs() if upstream else CorrectedSyncs()
     war = p.write_after_read(gm)   # found before any insertion
-    edges = _cross_edges(gm)
+    edges = _cross_edges(gm, p)
     p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
     outs = p.output_producers(gm)   # returned side-stream values: none for the seed
     validate(gm, _val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change
     reserve_indices_in_use(gm)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and is_bwd_node(node):
+        if node.op == "call_function" and is_bwd_node(node) and p.reads(node, gm):
             for arg in flat_args(node):
                 if _crosses_streams(node, arg) and not _host_value(arg) and get_device(arg).type != "cpu":
                     _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind)

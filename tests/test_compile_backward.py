@@ -171,3 +171,42 @@ def test_current_stream_index_in_both_modes():
     reg = sw.registries[0]
     assert reg.pinned_current not in (None, 0) and 0 not in reg.current_streams
     assert isinstance(reg, DynamoRegistry)
+
+
+class JoinThenHandOver(torch.autograd.Function):
+    "Megatron-style: the weight gradient on a side stream, joined, then handed to the current stream with record_stream."
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w); return x @ w
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        s, cur = torch.cuda.Stream(), torch.cuda.current_stream()
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            gw = x.t() @ g
+        gx = g @ w.t()
+        cur.wait_stream(s)
+        gw.record_stream(cur)
+        return gx, gw
+
+
+class HandOver(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = torch.nn.Parameter(torch.randn(8, 8))
+    def forward(self, x): return JoinThenHandOver.apply(x, self.w).relu()
+
+
+def test_correction_23_record_stream_after_a_join_in_a_custom_backward():
+    "The default processes it (the record_stream gets no wait: it reads no data) and the backward is race-free, in "
+    "`Capture.process` and under torch.compile with the switch, equal to eager; the seed fails on the record_stream."
+    from streamnb.capturing import capture
+    from streamnb.graph import MissingValError
+    with cpu_streams():
+        m, x = HandOver(), torch.randn(4, 8, requires_grad=True)
+        cap = capture(m, x)
+        done = cap.process()
+        assert not sanitize(done.backward).errors
+        with pytest.raises(MissingValError, match="node record_stream"): cap.process(upstream=True)
+        sw, graphs, out, grads, pgrads = compile_and_run(m, [x], cpu_as="meta")
+        assert_eager(m, [x], out, grads, pgrads)
