@@ -5,8 +5,6 @@
 # %% ../nbs/04a_contention.ipynb #993acd56
 from __future__ import annotations
 
-import dataclasses
-import functools
 import heapq
 import math
 import numbers
@@ -18,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.fx import Node
 
 from .graph import StreamnbError
-from .cost import DeviceSpec, get_device_spec, get_roofline_estimate, kernel_times, work_occupancy
+from .cost import DeviceSpec, get_device_spec, kernel_times, work_occupancy
 
 # %% auto #0
 __all__ = ['SM_COUNTS', 'ELEMENTS_PER_BLOCK', 'Demand', 'sm_count', 'occupancy', 'kernel_demand', 'DemandError',

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from test_compile import assert_eager, compile_and_run
-from streamnb.capturing import cpu_streams
+from streamnb.capturing import capture, cpu_streams
 from streamnb.compiling import DynamoRegistry, tag_custom_backward
 from streamnb.exercises import count_syncs
 from streamnb.explainer import explain
-from streamnb.graph import is_bwd_node, is_control_deps
+from streamnb.graph import MissingValError, is_bwd_node, is_control_deps
 from streamnb.sanitizer import sanitize
 from streamnb.streamops import decode
 
@@ -25,11 +25,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.
 S = torch.Stream(device="cpu")
 
 
-class AnnotatedBackward(torch.autograd.Function):
-    "A custom backward that runs the input gradient in an annotated region on stream 1."
+class MatmulFunction(torch.autograd.Function):
+    "`x @ w`, saving both for a custom backward (each subclass below writes its own)."
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w); return x @ w
+
+
+class AnnotatedBackward(MatmulFunction):
+    "A custom backward that runs the input gradient in an annotated region on stream 1."
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
@@ -38,11 +42,8 @@ class AnnotatedBackward(torch.autograd.Function):
         return gx, x.t() @ g
 
 
-class StreamBackward(torch.autograd.Function):
+class StreamBackward(MatmulFunction):
     "A custom backward with a stream object, joined back with `wait_stream` (a user sync inside the backward)."
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w); return x @ w
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
@@ -173,11 +174,8 @@ def test_current_stream_index_in_both_modes():
     assert isinstance(reg, DynamoRegistry)
 
 
-class JoinThenHandOver(torch.autograd.Function):
+class JoinThenHandOver(MatmulFunction):
     "Megatron-style: the weight gradient on a side stream, joined, then handed to the current stream with record_stream."
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w); return x @ w
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
@@ -200,8 +198,6 @@ class HandOver(torch.nn.Module):
 def test_correction_23_record_stream_after_a_join_in_a_custom_backward():
     "The default processes it (the record_stream gets no wait: it reads no data) and the backward is race-free, in "
     "`Capture.process` and under torch.compile with the switch, equal to eager; the seed fails on the record_stream."
-    from streamnb.capturing import capture
-    from streamnb.graph import MissingValError
     with cpu_streams():
         m, x = HandOver(), torch.randn(4, 8, requires_grad=True)
         cap = capture(m, x)
