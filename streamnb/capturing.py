@@ -343,6 +343,15 @@ def _names_streams(gm: GraphModule) -> bool:
     "True if a node of `gm` runs on an annotated stream or is a stream op."
     return bool(graph_streams(gm)) or any(decode(n) is not None for n in gm.graph.nodes)
 
+def _first_line(msg: str) -> str:
+    """What a traceback's message says first; for dynamo's graph breaks (whose first line is a generic title such as
+    "RuntimeError when making fake tensor call"), the explanation and the line of user code too."""
+    lines = msg.strip().splitlines()
+    if not lines: return ""
+    why = next((l.strip().removeprefix("Explanation: ") for l in lines if l.strip().startswith("Explanation:")), None)
+    where = [l.strip() for l in lines if l.strip().startswith('File "')]
+    return lines[0] + (f" ({why}{', at ' + where[-1] if where else ''})" if why else "")
+
 def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
     "`_trace_joint`, its failures as a `TraceError` that says what the frontend needs."
     try: return _trace_joint(flat_fn, flat, frontend)
@@ -352,10 +361,14 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
         if ours is not None: raise ours from None         # ours, raised inside torch.compile's backend
         if hooks := re.search(r"\b(saved_tensors_hooks|save_on_cpu)\.__init__", str(e)):   # dynamo's refusal
             raise _hooks_error(name, hooks.group(1)) from e
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = _first_line(str(e))
         need = ("The function must run under torch.func tracing: no data-dependent Python control flow, no "
                 ".item()/.numpy(), no in-place updates of inputs" if frontend == "aot" else
                 "dynamo must trace it as one graph (fullgraph=True): no graph break")
+        if frontend != "aot" and (call := re.search(r"\b(set_stream|default_stream)\b", str(e))):
+            need = (f"torch {torch.__version__.split('+')[0]}'s dynamo has no rule for `{call.group(1)}` (its stream "
+                    "rules are `torch.cuda.stream(s)` contexts, stream and event methods and `current_stream()`): switch "
+                    "streams with `with torch.cuda.stream(s):` and name the current one with `torch.cuda.current_stream()`")
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
 
@@ -409,6 +422,9 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
         if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
             try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
             except TraceError as e:
+                if failed is not None and re.search(r"requires CUDA|not compiled with CUDA", str(failed)):
+                    raise TraceError(f"{e} (frontend 'aot' cannot read the device's streams and events here: they "
+                                     "need CUDA)") from e   # dynamo's failure is the one that tells the user something
                 if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
                 again = None
             if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"

@@ -3,6 +3,7 @@
 `streamnb.cpu_streams` and judged like `annotate` programs."""
 import contextlib
 import io
+import itertools
 import textwrap
 from unittest import mock
 
@@ -168,6 +169,32 @@ def test_cpu_streams_restores_everything_and_steps_aside_on_a_gpu():
 def test_aot_only_names_what_it_cannot_do():
     with pytest.raises(TraceError, match="AOTAutograd could not trace fork_join: RuntimeError: torch.cuda.Stream requires CUDA"):
         capture(fork_join, torch.randn(2, 2, requires_grad=True), torch.randn(2, 2), frontend="aot")
+
+
+def test_stream_calls_dynamo_has_no_rule_for_are_named_with_the_fix():
+    """`torch.cuda.set_stream` and `torch.cuda.default_stream` have no dynamo rule in torch 2.13: the error says so, names
+    the line of user code and says which calls to use, instead of dynamo's generic "RuntimeError when making fake
+    tensor call" and a hint about control flow."""
+    def switched(x, w):
+        side, cur = torch.cuda.Stream(), torch.cuda.current_stream()
+        side.wait_stream(cur)
+        torch.cuda.set_stream(side)
+        y = x @ w
+        torch.cuda.set_stream(cur)
+        cur.wait_stream(side)
+        return (y * 2).sum()
+    def on_default(x, w):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.default_stream())
+        with torch.cuda.stream(side): y = x @ w
+        return (y * 2).sum()
+    for (prog, call), frontend in itertools.product([(switched, "set_stream"), (on_default, "default_stream")],
+                                                    ["dynamo", "auto"]):
+        with pytest.raises(TraceError) as got:
+            capture(prog, torch.randn(2, 2, requires_grad=True), torch.randn(2, 2), frontend=frontend)
+        msg = str(got.value)
+        assert f"dynamo has no rule for `{call}`" in msg and "with torch.cuda.stream(s):" in msg, msg
+        assert f"in {prog.__name__}" in msg and "control flow" not in msg, msg
 
 
 def test_a_closure_tensor_is_named_not_a_stop_iteration():
