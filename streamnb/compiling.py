@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import inspect
 import re
+import warnings
 from typing import Callable
 
 import torch
@@ -35,8 +36,8 @@ from .graph import is_control_deps
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
            'DynamoRegistry', 'traced_current_stream', 'renumber_streams', 'register_annotated_streams', 'values_on',
-           'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend', 'canonical_modulo_inputs',
-           'CompiledExplanation', 'explain_compiled']
+           'CPUValuesWarning', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
+           'canonical_modulo_inputs', 'CompiledExplanation', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -178,6 +179,16 @@ def values_on(gm: GraphModule, device: str | None):
             elif "val" in n.meta: n.meta["val"] = pytree.tree_map(on(dev), n.meta["val"])
 
 # %% ../nbs/20_compile.ipynb #d61ab02e
+class CPUValuesWarning(UserWarning):
+    "The switch was handed a graph with streams whose values are CPU tensors, without `cpu_as`: the passes leave them alone."
+
+def _syncable_cpu_values(gm: GraphModule) -> bool:
+    "No accelerator, some node on a stream (an annotation or a stream op) and some CPU fake value: what the passes skip."
+    if torch.accelerator.is_available(): return False
+    if not any(get_stream(n) is not None or decode(n, gm) is not None for n in gm.graph.nodes): return False
+    return any(isinstance(v, FakeTensor) and v.device.type == "cpu" for n in gm.graph.nodes
+               for v in pytree.tree_leaves(n.meta.get("val")))
+
 class use_streamnb_passes(contextlib.ContextDecorator):
     """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
     passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
@@ -189,6 +200,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
         self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
         self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
         self._saved: list[dict] = []
+        self._warned = False
 
     def _run(self, name: str, gm: GraphModule, *args):
         k = next((i for i, g in enumerate(self.graphs) if g is gm), None)
@@ -197,6 +209,13 @@ class use_streamnb_passes(contextlib.ContextDecorator):
             self.registries.append(DynamoRegistry(pin_current=not self.upstream, traced_current=traced_current_stream()))
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
+            if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
+                self._warned = True
+                warnings.warn(CPUValuesWarning(
+                    f"use_streamnb_passes: {gm.__class__.__name__} has stream annotations but its values are CPU "
+                    "tensors, so the passes (PyTorch's too) insert no record/wait for them: a CPU runs one stream. "
+                    "To see what they do on a GPU pass cpu_as='meta' and compile with streamnb.executor_backend(); "
+                    "explain_compiled judges these graphs as on the device, so it reports the races left."), stacklevel=2)
             self.renumbered.append({} if self.upstream else register_annotated_streams(gm))   # (above)
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as):

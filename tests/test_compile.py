@@ -8,6 +8,7 @@ torch's own runtime (`backend="aot_eager"`) on a GPU; `tools/gpu_check.sh` runs 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from unittest import mock
 
 import pytest
@@ -20,7 +21,7 @@ from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index
 import oracle
 from streamnb.capturing import capture, cpu_streams, eager, run_graph
 from streamnb.pipeline import STREAM_PASSES
-from streamnb.compiling import (DynamoRegistry, UnsupportedTorchError, canonical_modulo_inputs,
+from streamnb.compiling import (CPUValuesWarning, DynamoRegistry, UnsupportedTorchError, canonical_modulo_inputs,
                                 check_call_sites, executor_backend, renumber_streams, use_streamnb_passes, values_on)
 from streamnb.examples import STREAM_MODELS, make_model, two_stream_fn
 from streamnb.graph import StreamnbError, StreamRegistry, canonical, get_stream
@@ -212,6 +213,23 @@ def test_compile_plain_aot_eager_on_cpu():
         out = torch.compile(two_blocks, backend="aot_eager")(*[x.detach().requires_grad_() for x in xs])
     torch.testing.assert_close(out.detach(), eager(two_blocks, *xs).outputs)
     assert len(sw.graphs) == 1 and sw.graphs[0].meta["streamnb_passes"][0] == "assign_backward_streams"
+
+
+def test_cpu_values_without_cpu_as_are_said_once():
+    """Issue 27: on a machine without an accelerator the passes leave CPU values alone, so a compiled CPU graph is not what
+    a GPU gets; the switch warns once per switch (not per pass), not with cpu_as, and not for a graph with no streams."""
+    xs = two_blocks_inputs()
+    def said(fn, **switch):
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            with use_streamnb_passes(**switch):
+                torch.compile(fn, backend=executor_backend())(*[x.detach().requires_grad_() for x in xs]).sum().backward()
+        return [str(w.message) for w in got if issubclass(w.category, CPUValuesWarning)]
+    got = said(two_blocks)
+    assert len(got) == 1 and "cpu_as='meta'" in got[0] and "insert no record/wait" in got[0]
+    assert said(two_blocks, cpu_as="meta") == []
+    assert said(lambda x, w: torch.relu(x @ w)) == []
 
 
 def test_indices_resolve_at_run_time():
