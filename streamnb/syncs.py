@@ -200,15 +200,25 @@ def _joined(gm: GraphModule, producers: list[Node]) -> set[Node]:
     return {w for w in producers if vc.known(ph(get_stream(w)), seq[w], "current")}
 
 # %% ../nbs/11_syncs.ipynb #551d7987
+def _partition_end(gm: GraphModule, producers: list[Node]) -> Node:
+    """Where the partition of `producers` ends: the graph's output, or in a joint graph whose other partition follows
+    (the backward, when `sync_forward` syncs the forward: its nodes are tagged forward then) that partition's first node."""
+    nodes, last = list(gm.graph.nodes), max(producers, key=lambda n: n._sort_key)
+    return next((n for n in nodes[nodes.index(last) + 1:] if n.meta.get("partitioner_tag") in _FORWARD_TAGS),
+                gm.graph.find_nodes(op="output")[0])
+
+_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
+
 def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind: dict) -> None:
     """Correction 17: per side stream, one record after its last `producers` node not yet joined (its own record if it has
-    one) and one wait on its device's current stream right before the output; streams in the order of those nodes."""
+    one) and one wait on its device's current stream where the partition ends (`_partition_end`); streams in the order
+    of those nodes."""
     if not producers: return
     joined, last = _joined(gm, producers), {}
     for w in producers:   # in graph order: the last on each stream wins
         if w not in joined and get_device(w).type != "cpu": last[(get_stream(w), get_device(w))] = w
     pos = {w: i for i, w in enumerate(producers)}
-    out, current = gm.graph.find_nodes(op="output")[0], {}
+    out, current = _partition_end(gm, producers), {}
     for (s, dev), w in sorted(last.items(), key=lambda kv: pos[kv[1]]):
         if (e := node_to_wait_event_ind.get(w)) is None:
             e = node_to_wait_event_ind[w] = new_event()

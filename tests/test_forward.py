@@ -4,12 +4,15 @@ then proves every real pattern's forward race-free, with eager's numbers."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from streamnb.cli import main
+from streamnb.explainer import explain
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, aten, streams, use_registry
 from streamnb.patterns import PATTERNS, explain_pattern
 from streamnb.pipeline import run_stream_passes, sync_forward
 from streamnb.sanitizer import sanitize
+from streamnb.streamops import decode
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")
 
@@ -51,11 +54,13 @@ def test_forward_syncs_refused_with_the_seed_and_all_or_nothing():
         run_stream_passes(fork_without_syncs(), upstream=True, forward_syncs=True)
 
 
+@pytest.mark.parametrize("style", ["annotate", "objects"])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_every_annotate_pattern_forward_is_race_free_with_forward_syncs(name):
+def test_every_pattern_forward_is_race_free_with_forward_syncs(name, style):
     """The annotate style has no forward sync at all (7 patterns, most with forward races); with forward_syncs=True
-    the default's forward is race-free and still computes what eager PyTorch does, and the backward stays clean."""
-    ex = explain_pattern(name, "annotate", forward_syncs=True)
+    the default's forward is race-free and still computes what eager PyTorch does, and the backward stays clean. The
+    objects style too (its `record_stream`s once failed here: MissingValError, before correction 23)."""
+    ex = explain_pattern(name, style, forward_syncs=True)
     r = ex.modes["default"]
     assert r.forward_report.ok and r.report.ok, (r.forward_report, r.report)
     assert r.error is None and r.matches_eager
@@ -77,3 +82,25 @@ def test_cli_forward_syncs(tmp_path, capsys):
     with_ = capsys.readouterr().out
     fw = lambda text: [line.split()[-3] for line in text.splitlines() if line.startswith("default")]
     assert fw(without) != ["0"] and fw(with_) == ["0"]
+
+
+def test_a_forward_output_made_on_a_side_stream_is_joined_before_the_backward():
+    """A prefetcher returns the next batch, made on a side stream, from a joint graph whose backward follows. The
+    forward's join (correction 17, run by sync_forward) goes where the forward ends, before the backward's first node:
+    placed before the joint graph's output it once threaded a backward value through a forward sync, and the
+    partitioner refused the graph ("Node getitem_3 was invalid, but is output")."""
+    def prefetch(x, nxt):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): nb = nxt * 1.5    # the next batch; no grad
+        return (x * 2).sum(), nb
+    xs = (torch.randn(8, 8, requires_grad=True), torch.randn(8, 8))
+    ex = explain(prefetch, *xs, forward_syncs=True)
+    r = ex.modes["default"]
+    assert r.error is None and r.matches_eager, r.error
+    assert r.forward_report.ok and sanitize(r.forward, reorder=True).ok
+    joint = ex.capture.process(forward_syncs=True).joint
+    wait = next(n for n in joint.graph.nodes if (op := decode(n, joint)) is not None and op.kind == "wait_event")
+    backward = [n for n in joint.graph.nodes if n.meta.get("partitioner_tag") == "is_backward" and n.op == "call_function"]
+    assert wait.meta["partitioner_tag"] == "must_be_in_forward" and backward
+    assert all(wait._sort_key < n._sort_key for n in backward)
