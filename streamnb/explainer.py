@@ -15,7 +15,7 @@ import torch
 from torch.fx import GraphModule
 
 from .capturing import Capture, PartitionError, capture
-from .graph import StreamRegistry, use_registry
+from .graph import StreamnbError, StreamRegistry, use_registry
 from .exercises import count_syncs
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
@@ -99,6 +99,7 @@ class Explanation:
     device: str
     progress: list[str] = field(default_factory=list)
     forward_syncs: bool = False   # did the default mode insert the forward's syncs?
+    seed_failure: str | None = None   # the seed's passes failed on the program (then `modes` has no "upstream")
 
     def summary(self) -> list[dict]:
         """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
@@ -106,6 +107,9 @@ class Explanation:
         rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
                      syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None, fw_errors=None,
                      partitions=True, matches_eager=None)]
+        if self.seed_failure is not None:
+            rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
+                             fw_errors=None, partitions=None, matches_eager=None))
         for r in self.modes.values():
             rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
                              syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
@@ -133,12 +137,16 @@ class Explanation:
         lines = table_lines(self.summary(), cols)
         notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
                  f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
+        if self.seed_failure is not None:
+            notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
+                            "streamnb's default rules process it (the README's corrections table says which rule differs)")
         notes += [n for n in [self.forward_note()] if n]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
     def same_schedule(self) -> bool:
-        "Do both modes' backwards run every kernel on the same stream at the same estimated time?"
+        "Do both modes' backwards run every kernel on the same stream at the same estimated time? (False if the seed failed.)"
+        if "upstream" not in self.modes: return False
         up, de = (self.modes[m].timeline for m in ("upstream", "default"))
         return up.spans == de.spans and up.makespan == de.makespan
 
@@ -181,12 +189,16 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
         cap = capture(fn_or_module, *example_inputs, frontend=frontend)
         registry = StreamRegistry(start=100, current_stream=cap.current_stream)
         before = simulate(cap.backward, device=device, registry=registry, name="before")
-        modes = {}
+        modes, seed_failure = {}, None
         for upstream in (True, False):
             step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
-            modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry, check,
-                                                                     forward_syncs)
-    ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs)
+            try: modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry,
+                                                                          check, forward_syncs)
+            except StreamnbError as e:   # the seed's passes refuse the program: the default's may not (a correction)
+                if not upstream: raise
+                seed_failure = f"{type(e).__name__}: {e}"
+    ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs,
+                     seed_failure=seed_failure)
     if show: show_explanation(ex)
     return ex
 
