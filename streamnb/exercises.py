@@ -15,7 +15,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from .graph import check_graph_module, get_stream
-from .graph import StreamnbError, is_control_deps
+from .graph import StreamnbError, is_control_deps, streams
 from .streamops import StreamOp, decode
 from .simulator import simulate
 from .cost import calibrated
@@ -25,6 +25,14 @@ from .sanitizer import Report, Finding, _sname, sanitize
 __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'source', 'reads', 'work_problems', 'host_syncs', 'host_problems',
            'in_words', 'count_syncs', 'makespan_us', 'sync_problems', 'free_problems', 'slow_problems', 'Grade',
            'Exercise', 'check']
+
+# %% ../nbs/08_exercises.ipynb #381bb5bb
+#| code-fold: true
+def solve(gm):
+    "The worked solution of this chapter's example exercise (exported, not in `__all__`: the student edition imports it)."
+    insert(gm, streams.record_event.default, 7, 1, after="mul")    # event 7 marks the end of mul on stream 1
+    insert(gm, streams.wait_event.default, 7, 0, before="add")     # stream 0 waits for it just before add
+    return gm
 
 # %% ../nbs/08_exercises.ipynb #48c7ad21
 def node(gm: GraphModule, name: str | Node) -> Node:

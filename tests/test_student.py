@@ -1,5 +1,6 @@
 """tools/student.py: the student edition has no worked solutions and no test lines, every notebook is still a valid
-notebook, and the exported code is exactly the course's (so the package and its graders are unchanged)."""
+notebook, and the exported code is exactly the course's but for the worked solutions, which it imports from the package
+(so the package and its graders are unchanged)."""
 import ast
 import hashlib
 import importlib.util
@@ -89,24 +90,40 @@ def _read(source) -> set[str]:
 
 
 def test_no_worked_solutions(edition):
-    """Solution cells (`#| code-fold: true`) are gone; one stays, unchanged and collapsed in Jupyter, only where the
-    package (an exported cell) or another cell of the notebook (a function it calls) needs it."""
-    seen = kept = 0
+    """No solution cell (`#| code-fold: true`) is left: each is dropped, or, where the package exports it (the graders
+    grade against it, other cells call it), replaced by an import of the names it defines from the package; none of
+    the edition's cells holds a solution's body."""
+    seen = imported = 0
     for orig, p in pairs(edition):
         o, s = nbformat.read(orig, as_version=4), nbformat.read(p, as_version=4)
-        sols = [c.source for c in o.cells if solution(c)]
-        seen += len(sols)
-        left = [c for c in s.cells if solution(c)]
-        for c in left:
-            others = set().union(*(_read(d.source) for d in s.cells if d.cell_type == "code" and d is not c))
-            called = {n.name for n in _tree(c.source).body
-                      if isinstance(n, (ast.FunctionDef, ast.ClassDef))} & others if _tree(c.source) else set()
-            assert exported(c) or called, f"{p.name}: a worked solution is still there:\n{c.source[:200]}"
-            assert c.metadata.get("jupyter", {}).get("source_hidden") is True, f"{p.name}: kept solution not collapsed"
-            kept += 1
-        gone = [src for src in sols if src not in {c.source for c in s.cells}]
-        assert len(gone) + len(left) == len(sols)
-    assert seen >= 8 and kept < seen, (seen, kept)   # the course has solutions, and most are not exported
+        assert not [c.get("id") for c in s.cells if solution(c)], f"{p.name}: a worked solution is still there"
+        by_id = {c.get("id"): c for c in s.cells}
+        for c in o.cells:
+            if not solution(c): continue
+            seen += 1
+            body = "\n".join(c.source.splitlines()[-2:])   # a solution's last lines (its edits, its return)
+            assert not any(body in d.source for d in s.cells), f"{p.name}: the solution's code is in the edition"
+            if exported(c):
+                names = {n.name for n in _tree(c.source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+                got = by_id[c.get("id")]
+                imp = [n for n in _tree(got.source).body if isinstance(n, ast.ImportFrom)]
+                assert len(imp) == 1 and imp[0].module.startswith("streamnb.") and {a.name for a in imp[0].names} == names
+                assert importlib.import_module(imp[0].module)   # the module the cell exports to
+                for n in names: assert hasattr(importlib.import_module(imp[0].module), n), (p.name, n)
+                imported += 1
+            else: assert c.get("id") not in by_id
+    assert seen >= 8 and 0 < imported < seen, (seen, imported)   # the course has solutions, most are not exported
+
+
+def test_a_solution_other_cells_call_must_be_exported(tmp_path):
+    "A notebook whose non-exported worked solution another cell calls is refused, naming the cell and what to do."
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("#| default_exp x"),
+                nbformat.v4.new_code_cell("#| code-fold: true\ndef solve(gm): return gm", id="sol1"),
+                nbformat.v4.new_code_cell("solve(1)")]
+    (tmp_path / "nbs").mkdir(); nbformat.write(nb, tmp_path / "nbs" / "a.ipynb")
+    with pytest.raises(SystemExit, match=r"a.ipynb, cell sol1: the worked solution defines \['solve'\].*export it"):
+        _tool().build(tmp_path / "out", tmp_path / "nbs", quiet=True)
 
 
 def test_nothing_used_that_only_a_dropped_cell_defined(edition):
@@ -122,10 +139,12 @@ def test_nothing_used_that_only_a_dropped_cell_defined(edition):
         assert not (read & dropped) - bound, f"{p.name}: {sorted((read & dropped) - bound)} defined only in a dropped cell"
 
 
-def test_a_student_notebook_runs(edition):
-    "Chapter 08 (the graders, whose examples call its exercise's `solve`) runs in the student edition as it is."
+@pytest.mark.parametrize("name", ["00_primer", "08_exercises", "12_dealloc"])
+def test_a_student_notebook_runs(edition, name):
+    """The primer, chapter 08 (whose examples call its exercise's `solve`) and chapter 12 (whose grader grades against
+    an exported solution) run in the student edition as they are, their solutions imported from the package."""
     from nbdev.test import test_nb
-    ok, _ = test_nb(edition["out"] / "08_exercises.ipynb", skip_flags=["cuda"])
+    ok, _ = test_nb(edition["out"] / f"{name}.ipynb", skip_flags=["cuda"])
     assert ok
 
 
@@ -154,9 +173,9 @@ def test_no_test_lines(edition):
 
 
 def test_exported_code_unchanged(edition):
-    "The exported cells, in order, are the course's own: nbdev_export on the student edition writes the same modules."
+    "The exported cells but the worked solutions, in order, are the course's own: the package's code, as it is."
     for orig, p in pairs(edition):
-        want = [c.source for c in nbformat.read(orig, as_version=4).cells if exported(c)]
+        want = [c.source for c in nbformat.read(orig, as_version=4).cells if exported(c) and not solution(c)]
         got = [c.source for c in nbformat.read(p, as_version=4).cells if exported(c)]
         assert got == want, f"{p.name}: exported code differs"
 

@@ -3,17 +3,16 @@
 Writes every notebook of settings.ini's `nbs_path` (found as nbdev finds them: names starting with `_` or `.` are
 skipped) into FOLDER, read and written with nbdev's own notebook tools (`execnb.nbio.read_nb` / `write_nb`,
 `nbdev.process.extract_directives`), with:
-- the worked solutions gone: a cell marked `#| code-fold: true` is dropped, unless it is exported (`#| export`), in
-  which case the package needs it (the graders grade against it), or it defines a function or class that another cell
-  of the notebook calls (chapter 08's `solve`, which its exercise grades against and its examples use), in which case
-  the notebook needs it: such a cell is kept unchanged and collapsed (`metadata.jupyter.source_hidden`, which Jupyter
-  honours and settings.ini's `allowed_cell_metadata_keys` keeps), so that every notebook of the edition still runs;
+- the worked solutions gone: a cell marked `#| code-fold: true` is dropped; an exported one (the package needs it:
+  the graders grade against it, and other cells call it, as chapter 08's `solve`) becomes a one-line import of the
+  same names from the module it exports to, so every notebook of the edition still runs and none shows a solution.
+  A solution another cell calls must be exported (the tool refuses otherwise, naming the cell);
 - the test lines gone: `test_eq(...)`, `test_fail(...)`, `test_close(...)` ... calls (fastcore.test) and `assert`
   statements, whole statements even over several lines, also inside loops, `with` blocks and functions (a body left
   empty gets a `pass`); a cell left with nothing but comments is dropped,
   a cell that lost lines loses its stored outputs;
-- everything else as it is: exported cells are never touched, so `nbdev_export` on the student edition writes the
-  same modules, and markdown, plots and outputs stay.
+- everything else as it is: the other exported cells are never touched, and markdown, plots and outputs stay.
+The edition runs on the installed package (`pip install -e .`); it is for reading and answering, not for `nbdev_export`.
 Nothing in nbs/ is changed. The folder is rewritten from scratch on each run.
 """
 from __future__ import annotations
@@ -120,7 +119,24 @@ def _only_comments(source: str) -> bool:
     return all(not l.strip() or l.lstrip().startswith("#") for l in source.splitlines())
 
 
-def student_nb(path: Path):
+def export_module(nb, dirs: dict) -> str:
+    "The module an exported cell goes to: its `#| export NAME`, else the notebook's `#| default_exp`."
+    named = [v for k in EXPORTS for v in dirs.get(k, [])]
+    if named: return named[0]
+    for c in nb.cells:
+        d = directives(c)
+        if "default_exp" in d: return d["default_exp"][0]
+    raise SystemExit(f"student: {nb.path_}: an exported cell but no #| default_exp")
+
+
+def solution_import(nb, cell, dirs: dict, lib: str) -> str:
+    "What an exported worked solution becomes in the student edition: an import of the names it defines."
+    names = ", ".join(sorted(defines(cell.source)))
+    return (f"# The worked solution is in the package (the grader grades against it): read it there once you tried.\n"
+            f"from {lib}.{export_module(nb, dirs)} import {names}")
+
+
+def student_nb(path: Path, lib: str = "streamnb"):
     "The student edition of one notebook (an execnb notebook object) and what was removed: (solutions, test cells)."
     from execnb.nbio import read_nb
     nb = read_nb(path)
@@ -128,10 +144,14 @@ def student_nb(path: Path):
     for i, cell in enumerate(nb.cells):
         dirs = directives(cell)
         if cell.cell_type == "code" and is_solution(dirs):
-            if not is_exported(dirs) and not needed_elsewhere(nb.cells, i):
-                n_sol += 1
-                continue
-            cell.metadata = {**cell.get("metadata", {}), "jupyter": {"source_hidden": True}}
+            n_sol += 1
+            if is_exported(dirs):
+                cell.source, cell.outputs, cell.execution_count = solution_import(nb, cell, dirs, lib), [], None
+            elif needed_elsewhere(nb.cells, i):
+                raise SystemExit(f"student: {path.name}, cell {cell.get('id')}: the worked solution defines "
+                                 f"{sorted(needed_elsewhere(nb.cells, i))}, which other cells call; export it "
+                                 "(`#| exporti`) so the student edition can import it instead of showing it")
+            else: continue
         elif cell.cell_type == "code" and not is_exported(dirs) and cell.source.strip():
             new = strip_tests(cell.source)
             if new != cell.source.rstrip("\n"):
@@ -145,16 +165,16 @@ def student_nb(path: Path):
 
 def build(out: Path, nbs_path: Path | None = None, quiet: bool = False) -> list[Path]:
     from execnb.nbio import write_nb
-    if nbs_path is None:
-        from nbdev.config import get_config
-        nbs_path = Path(get_config(path=ROOT).nbs_path)
+    from nbdev.config import get_config
+    cfg = get_config(path=ROOT)
+    if nbs_path is None: nbs_path = Path(cfg.nbs_path)
     out = Path(out)
     if out.resolve() in (ROOT.resolve(), Path(nbs_path).resolve()):
         sys.exit(f"student: refusing to write into {out}")
     shutil.rmtree(out, ignore_errors=True)
     written = []
     for p in notebooks(Path(nbs_path)):
-        nb, (n_sol, n_test) = student_nb(p)
+        nb, (n_sol, n_test) = student_nb(p, cfg.lib_name)
         dest = out / p.relative_to(nbs_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         nb.pop("path_", None)
