@@ -67,6 +67,8 @@ def test_questions_per_chapter_are_checked(nb):
     assert len(sections) >= 4, sections
     assert all(2 <= k <= 3 for k in sections.values()), sections
     for name in sections: assert (NBS / f"{name}.ipynb").exists(), name
+    with_exercise = {p.stem for p in NBS.glob("*.ipynb") if re.search(r'"## Exercise', p.read_text(encoding="utf-8"))}
+    assert len(with_exercise) >= 8 and with_exercise <= set(sections), sorted(with_exercise - set(sections))
 
 
 MISCONCEPTIONS = ["wait_event` blocks the CPU", "Two streams always run in parallel", "record_stream` records an event now",
