@@ -24,6 +24,7 @@ from .graph import check_graph_module
 from .graph import StreamRegistry, get_registry, get_stream, use_registry
 from .streamops import current_stream_key, decode, physical_stream
 from .contention import kernel_demand
+from .cost import kernel_times_memo
 from .simulator import Timeline, simulate
 from .sanitizer import sanitize
 from .examples import TransformerBlock, TwoBranchMLP
@@ -99,16 +100,18 @@ def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams:
     if strategy not in STRATEGIES: raise AssignError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 0:
         raise AssignError(f"side_streams must be an int >= 0, got {side_streams!r}")
-    dag = compute_dag(gm, device=device, keep_user=keep_user)   # raises, naming the node, before anything changes
-    if not dag.nodes:
-        raise AssignError(f"the {dag.part} part of this graph has no compute node to assign (only inputs, views, "
-                          "accumulations or copies): nothing was changed")
-    streams = [current_stream_key(get_registry()), *side_stream_indices(side_streams)]
-    tried = []
-    if strategy == "single": choice = [streams[0]] * len(dag.nodes)
-    elif strategy == "critical_path": choice = critical_path_round_robin(dag, streams)
-    elif strategy == "nimble": choice = nimble(dag, streams)
-    else: choice, tried = streamnb_choice(gm, dag, streams, keep_user=keep_user, device=device, memory_limit=memory_limit)
+    with kernel_times_memo():   # each node priced once: for the DAG's costs, and again for its contention demand
+        dag = compute_dag(gm, device=device, keep_user=keep_user)   # raises, naming the node, before anything changes
+        if not dag.nodes:
+            raise AssignError(f"the {dag.part} part of this graph has no compute node to assign (only inputs, views, "
+                              "accumulations or copies): nothing was changed")
+        streams = [current_stream_key(get_registry()), *side_stream_indices(side_streams)]
+        tried = []
+        if strategy == "single": choice = [streams[0]] * len(dag.nodes)
+        elif strategy == "critical_path": choice = critical_path_round_robin(dag, streams)
+        elif strategy == "nimble": choice = nimble(dag, streams)
+        else: choice, tried = streamnb_choice(gm, dag, streams, keep_user=keep_user, device=device,
+                                              memory_limit=memory_limit)
     for v, s in dag.pinned.items(): choice[v] = s
     apply_streams(gm, dag, choice, keep_user)
     gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=sorted(set(choice)), tried=tried, part=dag.part)

@@ -5,6 +5,7 @@
 # %% ../nbs/03_cost.ipynb #20a84c4b
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 from typing import Any
@@ -20,7 +21,8 @@ from .graph import StreamnbError, correction, flat_args, get_val, is_control_dep
 
 # %% auto #0
 __all__ = ['DEVICE_SPECS', 'CALIBRATION', 'DeviceSpec', 'get_device_spec', 'calibrated', 'is_free_op', 'val_nodes',
-           'kernel_times', 'work_elements', 'work_occupancy', 'SeedCost', 'CorrectedCost', 'get_roofline_estimate']
+           'kernel_times_memo', 'kernel_times', 'work_elements', 'work_occupancy', 'SeedCost', 'CorrectedCost',
+           'get_roofline_estimate']
 
 # %% ../nbs/03_cost.ipynb #5d20c548
 @dataclasses.dataclass(frozen=True)
@@ -195,11 +197,30 @@ def _nbytes(node: Node, out: Any, inputs: list) -> int:
         return sum(get_num_bytes(t) for t in _tensors(inputs[1:]) + 2 * _tensors(out))
     return sum(get_num_bytes(t) for t in _tensors(inputs) + _tensors(out))
 
+_MEMO: dict | None = None   # inside `kernel_times_memo()`: (node, spec, efficiency, tf32) -> kernel_times' result
+
+@contextlib.contextmanager
+def kernel_times_memo():
+    """Inside the block `kernel_times` computes each node's times once per device, efficiency and `tf32` (for a caller
+    that asks twice: chapter 21b's assignment prices every node for its DAG and again for its contention demand). The
+    nodes' `meta['val']` must not change inside the block. Nested blocks share the outer memo."""
+    global _MEMO
+    outer = _MEMO
+    if outer is None: _MEMO = {}
+    try: yield
+    finally: _MEMO = outer
+
 def kernel_times(node: Node, spec: DeviceSpec, efficiency: float | None = None, tf32: bool = False) -> tuple[float, float]:
     """`node`'s compute and memory times in ms with the whole device: FLOPs at `efficiency` (default the device's
     `compute_efficiency`) × the dense peak of its output dtype, bytes at the datasheet bandwidth. `tf32`, or
     `spec.conv_tf32` for a convolution: float32 at the TF32 rate."""
     if efficiency is None: efficiency = spec.compute_efficiency
+    if _MEMO is None: return _kernel_times(node, spec, efficiency, tf32)
+    key = (node, spec, efficiency, tf32)
+    if key not in _MEMO: _MEMO[key] = _kernel_times(node, spec, efficiency, tf32)
+    return _MEMO[key]
+
+def _kernel_times(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> tuple[float, float]:
     if node.op != "call_function":
         raise StreamnbError(f"node {node.name}: only call_function nodes have a cost, not {node.op}")
     if is_free_op(node): return 0.0, 0.0
