@@ -2,7 +2,7 @@
 several streams (IOS-Parallel), next to what streamnb predicts for the same models (chapter 04b).
 
     python benchmarks/bench_calibrate.py [--device V100] [--side-streams 3] [--strategies nimble critical_path]
-                                         [--models inception_v3 randwire nasnet squeezenet] [--ideal]
+                                         [--models inception_v3 randwire nasnet squeezenet] [--ideal] [--each [S ...]]
 
 For each model: captured at random init (Inception-v3 needs torchvision; it is skipped, saying so, without it), the
 engine's inference graph (`engine_view`), streams assigned by each strategy with `assign_streams`, the passes' syncs,
@@ -17,8 +17,8 @@ import argparse
 import time
 import warnings
 
-from streamnb.calibration import (IOS_MODELS, IOS_SOURCE, capture_ios_model, compare, kendall_tau,
-                                  mean_relative_error)
+from streamnb.calibration import (IOS_MODELS, IOS_SOURCE, IOS_V100, _makespan, capture_ios_model, compare,
+                                  kendall_tau, mean_relative_error)
 from streamnb.cost import calibrated, get_device_spec
 
 
@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=["nimble", "critical_path"])
     ap.add_argument("--models", nargs="+", default=list(IOS_MODELS), choices=list(IOS_MODELS))
     ap.add_argument("--ideal", action="store_true", help="also the ideal model of the device table")
+    ap.add_argument("--each", nargs="*", metavar="STRATEGY", default=None,
+                    help="also each strategy's own predicted speedup per model (default with the flag alone: "
+                         "nimble critical_path streamnb), and whether streamnb's is at least the best baseline's")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     print(f"measured: {IOS_SOURCE}")
@@ -61,6 +64,21 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s:")
     if args.ideal:
         table(compare(graphs, get_device_spec(args.device), **kw), f"ideal {args.device}:")
+    if args.each is not None:
+        each(graphs, calibrated(args.device), args.each or ["nimble", "critical_path", "streamnb"], args.side_streams)
+
+
+def each(graphs, spec, strategies, side_streams: int) -> None:
+    "Each strategy's predicted speedup on each model (issue 24 item 3: streamnb's at least the best baseline's)."
+    print(f"\neach strategy's predicted speedup over one stream, calibrated {spec.name}, {side_streams} side streams:")
+    print(f"{'model':13} {'measured':>8} " + " ".join(f"{s:>13}" for s in strategies) + "  streamnb >= best baseline")
+    for name, gm in graphs.items():
+        one = _makespan(gm, spec, "single", 0)
+        got = {s: one / _makespan(gm, spec, s, side_streams) for s in strategies}
+        base = [v for s, v in got.items() if s != "streamnb"]
+        verdict = "-" if "streamnb" not in got or not base else str(got["streamnb"] >= max(base) * (1 - 1e-9))
+        seq, par = IOS_V100[name]
+        print(f"{name:13} {seq / par:8.2f} " + " ".join(f"{got[s]:13.2f}" for s in strategies) + f"  {verdict}")
 
 
 if __name__ == "__main__":
