@@ -172,6 +172,7 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
 
 def host_cost_makespans(best: GraphModule, answer: GraphModule, cost=None) -> tuple[float, float]:
     "The makespans (µs) of `answer` and `best` with a GPU's host costs (chapter 04b's `calibrated('H100')`)."
+    check_graph_module(best, "best"); check_graph_module(answer, "answer")
     return tuple(simulate(g, cost=cost, device=calibrated("H100")).makespan_us for g in (answer, best))
 
 def _with_host_costs(best: GraphModule, answer: GraphModule, cost=None) -> str:
