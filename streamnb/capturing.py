@@ -24,7 +24,7 @@ from torch.fx import GraphModule, Node
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module
-from .graph import (StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream, is_bwd_node,
+from .graph import (FWD_TAGS, StreamnbError, StreamAnnotationError, StreamRegistry, use_registry, get_stream, is_bwd_node,
                             is_control_deps)
 from .pipeline import STREAM_PASSES, run_stream_passes
 from .streamops import decode
@@ -158,11 +158,9 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
     return got
 
 # %% ../nbs/16_capture.ipynb #1e70cff4
-_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
-
 def _read_by_forward(gm: GraphModule) -> set:
     "The nodes a forward-tagged node reads, directly or through others (and the forward nodes themselves)."
-    seen, todo = set(), [n for n in gm.graph.nodes if n.meta.get("partitioner_tag") in _FORWARD_TAGS]
+    seen, todo = set(), [n for n in gm.graph.nodes if n.meta.get("partitioner_tag") in FWD_TAGS]
     while todo:
         n = todo.pop()
         if n in seen: continue

@@ -17,7 +17,7 @@ from torch._inductor.fx_passes.control_dependencies import control_deps
 
 from . import fastfx
 from .graph import check_graph_module
-from .graph import (SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
+from .graph import (FWD_TAGS, SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
                             get_stream, is_bwd_node, is_control_deps, streams)
 from .streamops import OPS, StreamOp, blocks, decode, is_view, storages, written_args
 
@@ -117,8 +117,6 @@ def check_events_recorded(gm: GraphModule) -> None:
                 "records; record the event in the graph before the wait, or pass upstream=True to wrap it as the seed does")
 
 # %% ../nbs/13_control_deps.ipynb #5e2a0abf
-_FORWARD = ("is_forward", "must_be_in_forward")   # a forward sync: the program's, or one streamnb inserted (chapters 12, 15)
-
 def _is_forward_value(n: Node) -> bool:
     "Is `n` a forward value of a joint graph? (In the partitioned backward it is an input.)"
     return n.meta.get("partitioner_tag") == "is_forward"
@@ -464,7 +462,7 @@ class CorrectedWrap(_SyncAnchors):
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)
         if node not in w.backward_syncs: w.forward_ctrls.add(ctrl)
-        if node.meta.get("partitioner_tag") in _FORWARD: ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (14, 22)
+        if node.meta.get("partitioner_tag") in FWD_TAGS: ctrl.meta["partitioner_tag"] = "must_be_in_forward"   # (14, 22)
         for g in passthrough if node in w.backward_syncs else ():   # a forward input passed through a backward sync (6)
             if _is_forward_value(g): g.meta["partitioner_tag"] = "must_be_in_backward"
     def add(self, w: _Walk, node: Node) -> None: super().add(w, node); w.values.setdefault(get_stream(node), []).append(node)

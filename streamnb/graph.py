@@ -24,7 +24,7 @@ from torch.fx.node import map_arg
 from . import fastfx
 
 # %% auto #0
-__all__ = ['INT64_MAX', 'BWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_graph_module',
+__all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_graph_module',
            'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps',
            'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
            'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical', 'StreamnbError',
@@ -72,6 +72,7 @@ def set_stream(node: Node, ind: int) -> None:
 
 # %% ../nbs/01_graph.ipynb #78320797
 BWD_TAGS = ("is_backward", "must_be_in_backward")
+FWD_TAGS = ("is_forward", "must_be_in_forward")   # a forward node: the program's, or a sync streamnb put there
 
 def is_bwd_node(node: Node) -> bool:
     "True if the partitioner will put `node` in the backward graph."

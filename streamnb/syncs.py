@@ -15,7 +15,7 @@ from torch.fx.node import map_arg
 from . import fastfx
 from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages,
                                 written_args)
-from .graph import (StreamnbError, correction, stream_pass, validate, flat_args, get_current_stream, get_device,
+from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, validate, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
                             streams)
 
@@ -204,10 +204,9 @@ def _partition_end(gm: GraphModule, producers: list[Node]) -> Node:
     """Where the partition of `producers` ends: the graph's output, or in a joint graph whose other partition follows
     (the backward, when `sync_forward` syncs the forward: its nodes are tagged forward then) that partition's first node."""
     nodes, last = list(gm.graph.nodes), max(producers, key=lambda n: n._sort_key)
-    return next((n for n in nodes[nodes.index(last) + 1:] if n.meta.get("partitioner_tag") in _FORWARD_TAGS),
+    return next((n for n in nodes[nodes.index(last) + 1:] if n.meta.get("partitioner_tag") in FWD_TAGS),
                 gm.graph.find_nodes(op="output")[0])
 
-_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
 
 def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind: dict) -> None:
     """Correction 17: per side stream, one record after its last `producers` node not yet joined (its own record if it has
