@@ -17,8 +17,8 @@ import argparse
 import time
 import warnings
 
-from streamnb.calibration import (IOS_MODELS, IOS_SOURCE, IOS_V100, _makespan, capture_ios_model, compare,
-                                  kendall_tau, mean_relative_error)
+from streamnb.calibration import (IOS_MODELS, IOS_SOURCE, IOS_V100, capture_ios_model, compare, kendall_tau,
+                                  mean_relative_error, predict)
 from streamnb.cost import calibrated, get_device_spec
 
 
@@ -73,8 +73,7 @@ def each(graphs, spec, strategies, side_streams: int) -> None:
     print(f"\neach strategy's predicted speedup over one stream, calibrated {spec.name}, {side_streams} side streams:")
     print(f"{'model':13} {'measured':>8} " + " ".join(f"{s:>13}" for s in strategies) + "  streamnb >= best baseline")
     for name, gm in graphs.items():
-        one = _makespan(gm, spec, "single", 0)
-        got = {s: one / _makespan(gm, spec, s, side_streams) for s in strategies}
+        got = {s: predict(gm, spec, strategies=(s,), side_streams=side_streams).speedup for s in strategies}
         base = [v for s, v in got.items() if s != "streamnb"]
         verdict = "-" if "streamnb" not in got or not base else str(got["streamnb"] >= max(base) * (1 - 1e-9))
         seq, par = IOS_V100[name]

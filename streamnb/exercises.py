@@ -175,16 +175,18 @@ def host_cost_makespans(best: GraphModule, answer: GraphModule, cost=None) -> tu
     check_graph_module(best, "best"); check_graph_module(answer, "answer")
     return tuple(simulate(g, cost=cost, device=calibrated("H100")).makespan_us for g in (answer, best))
 
-def _with_host_costs(best: GraphModule, answer: GraphModule, cost=None) -> str:
-    "Both makespans with a GPU's host costs (a host sync wakes the host late), in words."
-    spec, (a, b) = calibrated("H100"), host_cost_makespans(best, answer, cost)
+def _with_host_costs(a: float, b: float) -> str:
+    "The answer's and the worked solution's makespans with a GPU's host costs (a host sync wakes the host late), in words."
+    spec = calibrated("H100")
     return (f" With a GPU's host costs ({spec.host_issue_us:g} µs to issue a kernel, {spec.host_wake_us:g} µs to wake "
             f"the host after a host sync: calibrated('H100'), chapter 04b) this answer takes {a:.4g} µs, the worked "
             f"solution {b:.4g} µs.")
 
-def host_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str]:
+def host_problems(best: GraphModule, answer: GraphModule, cost=None,
+                  makespans: tuple[float, float] | None = None) -> list[str]:
     """A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix,
-    and what it costs with a GPU's host costs (`cost` as for `simulate`)."""
+    and what it costs with a GPU's host costs (`cost` as for `simulate`; `makespans`: `host_cost_makespans`' result,
+    if the caller has it)."""
     check_graph_module(best, 'best')
     allowed, out = Counter(op.kind for op in host_syncs(best)), []
     for op in host_syncs(answer):
@@ -192,7 +194,9 @@ def host_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str
         where = "never blocks the host" if not host_syncs(best) else f"has no {op.kind}"
         out.append(f"node {op.node.name}: {op.kind} blocks the host (the CPU waits {_until(op)} and launches nothing "
                    f"meanwhile); the worked solution {where}. Fix: {_gpu_fix(answer, op.node)}.")
-    return [p + _with_host_costs(best, answer, cost) for p in out]
+    if not out: return []
+    tail = _with_host_costs(*(makespans or host_cost_makespans(best, answer, cost)))
+    return [p + tail for p in out]
 
 # %% ../nbs/08_exercises.ipynb #eeccd464
 def in_words(e: Finding) -> str:
@@ -391,11 +395,12 @@ def check(ex: Exercise, answer: GraphModule) -> Grade:
     sanitizer's errors, its syncs, its frees and its makespan; each problem names the node and the fix."""
     if not isinstance(answer, GraphModule): raise StreamnbError(f"check needs a GraphModule, not {type(answer).__name__}")
     best = ex.best()
-    problems = host_problems(best, answer, ex.cost) + work_problems(ex.start(), answer)
+    try: hosts = host_cost_makespans(best, answer, ex.cost) if host_syncs(answer) or host_syncs(best) else None
+    except StreamnbError: hosts = None   # the answer cannot be simulated: `_timed` below says so
+    problems = host_problems(best, answer, ex.cost, hosts) + work_problems(ex.start(), answer)
     found, rep = _sanitized(ex, answer)
     problems += found + sync_problems(best, answer) + free_problems(best, answer)
     n, nb = count_syncs(answer), count_syncs(best)
     mk, mb = _timed(answer, ex.cost, problems), makespan_us(best, ex.cost)
     if mk == mk: problems += slow_problems(best, answer, ex.cost)
-    hosts = host_cost_makespans(best, answer, ex.cost) if mk == mk and (host_syncs(answer) or host_syncs(best)) else None
     return Grade(ex.title, problems, n, nb, mk, mb, rep, hosts)
