@@ -63,12 +63,20 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
+_CANDIDATES: dict = {}   # id(callable target) -> (it, `Graph._target_to_str(it)`: FX's name for its nodes, unnumbered)
+
 def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
                 name: str | None = None) -> Node:
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
     if not FAST: return graph.create_node(op, target, args, kwargs, name)
     ns = graph._graph_namespace
-    name = ns.create_name(name if name is not None else graph._target_to_str(target), None)
+    if name is None:
+        hit = _CANDIDATES.get(id(target))
+        if hit is not None and hit[0] is target: name = hit[1]
+        else:
+            name = graph._target_to_str(target)
+            if callable(target) and len(_CANDIDATES) < 10_000: _CANDIDATES[id(target)] = (target, name)   # (a str: not)
+    name = ns.create_name(name, None)
     n = Node(graph, name, op, target, args, kwargs or immutable_dict(), None)
     for hook in getattr(graph.owning_module, "_create_node_hooks", None) or (): hook(n)
     ns.associate_name_with_obj(name, n)
@@ -109,27 +117,55 @@ def subgraph_name(gm: GraphModule, name: str) -> str:
     while hasattr(gm, f"{name}_{i}"): i += 1
     return f"{name}_{i}"
 
-def _placeholder(sub: Graph, name: str, like: Node) -> Node:
-    ph = create_node(sub, "placeholder", name)
-    if "val" in like.meta: ph.meta.update(like.meta)
-    return ph
+_NAMES: dict = {}   # (target, Node arguments, deps) -> what FX names a subgraph of that shape (see `_subgraph_names`)
+
+def _subgraph_names(target: Any, n_args: int, n_deps: int) -> tuple:
+    """The names FX gives a sync's subgraph nodes in a fresh graph, in order (`arg_i`, `dep_i`, the call, the output),
+    and its namespace's used names and base counts after them: FX's own naming, run once per shape on a scratch graph."""
+    key = (target, n_args, n_deps)
+    if (hit := _NAMES.get(key)) is None:
+        g = Graph()
+        names = [g.placeholder(f"{p}_{i}").name for p, n in (("arg", n_args), ("dep", n_deps)) for i in range(n)]
+        names += [g.call_function(target).name, g.output(None).name]
+        ns = g._graph_namespace
+        hit = (names, frozenset(ns._used_names), dict(ns._base_count))
+        if len(_NAMES) < 10_000: _NAMES[key] = hit   # shapes are few: sync ops times small dep counts
+    return hit
+
+def _named_node(sub: Graph, name: str, op: str, target: Any, args: tuple) -> Node:
+    "`create_node` with the name already known (a fresh subgraph's: `_subgraph_names`), at the end of `sub`."
+    n = Node(sub, name, op, target, args, immutable_dict(), None)
+    sub._graph_namespace._obj_to_name[n] = name   # (`associate_name_with_obj`)
+    sub._insert(n)
+    sub._find_nodes_lookup_table.insert(n)
+    sub._len += 1
+    return n
 
 def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Node] | None = None) -> GraphModule:
     "A module that re-runs `node`'s call on its Node arguments and returns `(result, *additional_deps)`."
-    if not FAST or node.kwargs or not all(isinstance(a, (int, Node)) for a in node.args):
+    owner = graph.owning_module
+    if (not FAST or node.kwargs or not all(isinstance(a, (int, Node)) for a in node.args)
+            or getattr(owner, "_create_node_hooks", None)):   # (hooks: FX's path calls them for each node)
         from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node
         return _create_subgraph_for_node(graph, node, additional_deps)
-    owner, sub, ph = graph.owning_module, Graph(graph.owning_module), {}
-    for a in node.args:
-        if isinstance(a, Node) and a not in ph:
-            ph[a] = _placeholder(sub, f"arg_{len(ph)}", a)
-            if "val" not in a.meta and a.op == "get_attr" and isinstance(a.target, str):
-                ph[a].meta["val"] = operator.attrgetter(a.target)(owner)
-    deps = [_placeholder(sub, f"dep_{i}", d) for i, d in enumerate(additional_deps or ())]
-    result = create_node(sub, "call_function", node.target, tuple(ph[a] if isinstance(a, Node) else a for a in node.args))
+    args = list(dict.fromkeys(a for a in node.args if isinstance(a, Node)))   # unique, in order
+    additional_deps = additional_deps or ()
+    names, used, base = _subgraph_names(node.target, len(args), len(additional_deps))
+    sub = Graph(owner)
+    ns = sub._graph_namespace
+    ns._used_names.update(used); ns._base_count.update(base)
+    phs = []
+    for i, (name, like) in enumerate(zip(names, (*args, *additional_deps))):
+        phs.append(p := _named_node(sub, name, "placeholder", name, ()))
+        if "val" in like.meta: p.meta.update(like.meta)
+        elif i < len(args) and like.op == "get_attr" and isinstance(like.target, str):
+            p.meta["val"] = operator.attrgetter(like.target)(owner)
+    ph, deps = dict(zip(args, phs)), phs[len(args):]
+    result = _named_node(sub, names[-2], "call_function", node.target,
+                         tuple(ph[a] if isinstance(a, Node) else a for a in node.args))
     result.meta.update(node.meta)
     outs = (result, *deps) if deps else result
-    out = create_node(sub, "output", "output", (outs,))
+    out = _named_node(sub, names[-1], "output", "output", (outs,))
     if deps: out.meta["val"] = tuple(o.meta.get("val") for o in outs)
     elif "val" in result.meta: out.meta["val"] = result.meta["val"]
     return _lazy_module(owner, sub)
