@@ -12,6 +12,7 @@ Variants are run in turn (`--repeat` rounds, best kept), so a slow spell of the 
 * -name cache:     the per-op name cache never keeps an entry (before issue 21 only: gone since);
 * fx body:         `create_node` is `Graph.create_node`'s own body without its SymInt scan, FX's own naming (before
                    issue 21 only, whose create_node also split names without FX's regex);
+* -candidates:     `create_node` keeps no per-target candidate name (FX's `_target_to_str` on every node);
 * -lazy template:  the subgraph module is `_LazyGraphModule(root, graph)`;
 * -subgraph:       `create_subgraph_for_node` and `subgraph_name` are Inductor's (their nodes and modules public);
 * -attrs:          `has_attr`/`set_submodule` are `hasattr`/`setattr` (before issue 21: they are gone since);
@@ -53,6 +54,7 @@ def variants(F) -> dict:
     v = {"fast": patch(), "public": patch(FAST=False), "-create_node": patch(create_node=public_node)}
     if hasattr(F, "_TARGET_NAMES"): v["-name cache"] = patch(_TARGET_NAMES=_NoKeep())   # (before issue 21 only)
     if hasattr(F, "_TARGET_NAMES"): v["fx body"] = patch(create_node=_fx_body)   # (before issue 21 only)
+    if hasattr(F, "_CANDIDATES"): v["-candidates"] = patch(_CANDIDATES=_NoKeep())
     lazy = "lazy_graph_module" if hasattr(F, "lazy_graph_module") else "_lazy_module"   # (before and after)
     v["-lazy template"] = patch(**{lazy: _LazyGraphModule})
     v["-subgraph"] = patch(create_subgraph_for_node=_create_subgraph_for_node, subgraph_name=get_subgraph_name)

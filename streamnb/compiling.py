@@ -163,12 +163,20 @@ def _to(v, device: torch.device):
     return v
 
 @contextlib.contextmanager
-def values_on(gm: GraphModule, device: str | None):
-    "Inside the block `gm`'s CPU fake values are on `device` (None: unchanged); afterwards on the CPU again, new nodes' too."
+def values_on(gm: GraphModule, device: str | None, memo: dict | None = None):
+    """Inside the block `gm`'s CPU fake values are on `device` (None: unchanged); afterwards on the CPU again, new nodes'
+    too. `memo` (a dict kept by the caller across blocks on one graph) remembers each conversion, both ways, so that a
+    value is converted once, and a new node that shares a converted value gets the original back."""
     check_graph_module(gm)
     if device is None: yield gm; return
     dev, cpu = torch.device(device), torch.device("cpu")
-    on = lambda d: (lambda t: _to(t, dev if d == cpu else cpu) if isinstance(t, FakeTensor) and t.device == d else t)
+    memo = {} if memo is None else memo   # id(value) -> (value, its conversion)
+    def convert(t, to):
+        if (hit := memo.get(id(t))) is not None and hit[0] is t: return hit[1]
+        c = _to(t, to)
+        memo[id(t)], memo[id(c)] = (t, c), (c, t)
+        return c
+    on = lambda d: (lambda t: convert(t, dev if d == cpu else cpu) if isinstance(t, FakeTensor) and t.device == d else t)
     saved = {}
     for n in gm.graph.nodes:
         if "val" in n.meta: saved[n] = n.meta["val"]; n.meta["val"] = pytree.tree_map(on(cpu), n.meta["val"])
@@ -200,6 +208,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
         self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
         self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
         self._saved: list[dict] = []
+        self._memos: list[dict] = []                  # per graph: `values_on`'s conversions
         self._warned = False
 
     def _run(self, name: str, gm: GraphModule, *args):
@@ -207,6 +216,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
         if k is None:                                 # the first pass on this graph
             self.graphs.append(gm)
             self.registries.append(DynamoRegistry(pin_current=not self.upstream, traced_current=traced_current_stream()))
+            self._memos.append({})                    # its values' conversions for `cpu_as` (one per value, not per pass)
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
             if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
@@ -218,7 +228,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
                     "explain_compiled judges these graphs as on the device, so it reports the races left."), stacklevel=2)
             self.renumbered.append({} if self.upstream else register_annotated_streams(gm))   # (above)
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
-        with use_registry(self.registries[k]), values_on(gm, self.cpu_as):
+        with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]):
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
         if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
             add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
@@ -230,7 +240,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
 
     def __enter__(self):
         gc = check_call_sites()                       # refuses before anything is patched
-        if not self._saved: self.graphs, self.registries, self.renumbered = [], [], []
+        if not self._saved: self.graphs, self.registries, self.renumbered, self._memos = [], [], [], []
         self._saved.append({n: getattr(gc, n) for n in STREAM_PASSES})
         for n in STREAM_PASSES: setattr(gc, n, self._pass(n))
         return self
