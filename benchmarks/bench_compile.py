@@ -20,7 +20,9 @@ Columns: `passes s`, the time in the stream passes, measured at AOTAutograd's ca
 tensor and back, for each pass); `run_pass`, the part of it in `streamnb.pipeline.run_pass`, the passes themselves
 (what a GPU machine pays, where nothing is converted); one column per pass (the call sites' time); `compile s`, the first forward plus backward
 (dynamo, AOTAutograd, the passes, the partitioner); `share`, passes / compile; the forward and backward graphs' node
-counts and their `control_deps` nodes. All on the CPU (`streamnb.capturing.cpu_streams`, graphs' values as meta
+counts and their `control_deps` nodes. A last line says, for streamnb's rows, whether the joint graph the switch
+processed is the one `capture(model, x).process()` gives (what `streamnb.explain` shows), in canonical form up to
+input names (untimed, after the rows). All on the CPU (`streamnb.capturing.cpu_streams`, graphs' values as meta
 tensors for the passes: `cpu_as="meta"`). Nothing is asserted on time; compare rows of one run.
 """
 from __future__ import annotations
@@ -41,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import oracle  # noqa: E402  (its GPU stubs, for torch's own passes on a CPU)
 
 from streamnb import compiling
-from streamnb.compiling import CALL_SITES, executor_backend, use_streamnb_passes
+from streamnb.capturing import PartitionError, capture
+from streamnb.compiling import CALL_SITES, canonical_modulo_inputs, executor_backend, renumber_streams, use_streamnb_passes
 from streamnb.examples import TransformerBlock, on_stream
-from streamnb.graph import is_control_deps
+from streamnb.graph import StreamRegistry, is_control_deps
 from streamnb.pipeline import STREAM_PASSES
 
 SHORT = {"assign_backward_streams": "assign", "assign_epilogue_copy_streams": "epilogue",
@@ -114,7 +117,24 @@ def compile_once(model: nn.Module, x: torch.Tensor, mode: str) -> dict:
         error = next((ln for ln in str(e).splitlines() if "Error: " in ln), type(e).__name__)
     total = time.perf_counter() - t0
     sizes = {k: (len(g[0].graph.nodes), sum(map(is_control_deps, g[0].graph.nodes))) for k, g in graphs.items()}
-    return dict(times=times, total=total, sizes=sizes, error=error)
+    same = None if mode == "torch 2.13" or not switch.graphs else same_as_explain(model, x, switch, mode, error)
+    return dict(times=times, total=total, sizes=sizes, error=error, same=same)
+
+
+def same_as_explain(model: nn.Module, x: torch.Tensor, switch, mode: str, error: str | None) -> str:
+    """Is the joint graph the switch processed, up to input names, what `capture(model, x).process()` gives (the
+    graphs `streamnb.explain` shows), with the switch's renumbered regions and its current stream? Where the compile
+    failed in the partitioner, `process` must fail there too."""
+    cap = capture(model, x.detach().requires_grad_(True), frontend="dynamo")   # (as compiled: x needs its grad)
+    if switch.renumbered[0]: renumber_streams(cap.joint, switch.renumbered[0])
+    reg = switch.registries[0]
+    cur = reg.pinned_current if reg.pinned_current is not None else cap.current_stream
+    try:
+        joint = cap.process(upstream=mode == "streamnb upstream", registry=StreamRegistry(start=100, current_stream=cur)).joint
+    except PartitionError:
+        return "both rejected by the partitioner" if error is not None else "DIFFERENT (process fails, the compile does not)"
+    if error is not None: return "DIFFERENT (the compile fails, process does not)"
+    return "IDENTICAL" if canonical_modulo_inputs(switch.graphs[0]) == canonical_modulo_inputs(joint) else "DIFFERENT"
 
 
 def main(argv=None) -> int:
@@ -135,6 +155,7 @@ def main(argv=None) -> int:
     cols = list(SHORT.values())
     print(f"{'row':<18} {'passes s':>8} {'run_pass':>8} " + " ".join(f"{c:>8}" for c in cols)
           + f" {'compile s':>9} {'share':>6}  forward nodes (ctrl)  backward nodes (ctrl)")
+    sames = []
     for mode in a.modes:
         r = compile_once(model, x, mode)
         inner = r["times"].pop("run_pass", None)
@@ -144,6 +165,11 @@ def main(argv=None) -> int:
               + f" {r['total']:9.1f} {passes / r['total']:6.1%}  "
               + (f"{fw[0]:>7} ({fw[1]:>4})        {bw[0]:>7} ({bw[1]:>4})" if r["error"] is None
                  else f"failed after the passes: {r['error'][:90]}"), flush=True)
+        if r["same"] is not None:
+            sames.append(f"{mode}: {r['same']}")
+    if sames:
+        print("\nthe joint graph the switch processed against capture(model, x).process()'s (the graphs explain shows), "
+              "canonical form up to input names: " + "; ".join(sames))
     return 0
 
 
