@@ -1,4 +1,5 @@
-"""Time the tools a user waits for on large graphs: `sanitize` and `sanitize(reorder=True)` (issue 23, item 4).
+"""Time the tools a user waits for on large graphs: `sanitize`, `sanitize(reorder=True)` and
+`simulate(contention=True)` (issue 23, item 4), called as a user calls them (the garbage collector on).
 
     python benchmarks/bench_tools.py                         # stress shape, about 26k and 105k nodes
     python benchmarks/bench_tools.py --sizes 26000 105000 --shapes stress dag --repeat 2
@@ -26,6 +27,7 @@ import bench_passes as B  # noqa: E402  (its shapes; it puts tests/ on the path)
 
 from streamnb.pipeline import run_stream_passes  # noqa: E402
 from streamnb.sanitizer import sanitize  # noqa: E402
+from streamnb.simulator import Timeline, simulate  # noqa: E402
 
 # processed nodes per unit of the shape builder's size (streamnb's default passes; measured at 20k-100k)
 GROWTH = {"stress": 7.47, "dag": 11.55, "backward": 2.8}
@@ -63,22 +65,24 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="keep each measurement's best of N")
     ap.add_argument("--no-memory", action="store_true")
     a = ap.parse_args(argv)
-    modes = {"sanitize": dict(reorder=False), "sanitize(reorder=True)": dict(reorder=True)}
-    print(f"{'shape':<8} {'nodes':>7} {'tool':<24} {'wall s':>7} {'cpu s':>7} {'nodes/s':>8} {'verdict':<10} {'peak MiB':>9}")
+    modes = {"sanitize": lambda gm: sanitize(gm), "sanitize(reorder=True)": lambda gm: sanitize(gm, reorder=True),
+             "simulate(contention=True)": lambda gm: simulate(gm, contention=True)}
+    print(f"{'shape':<8} {'nodes':>7} {'tool':<26} {'wall s':>7} {'cpu s':>7} {'nodes/s':>8} {'verdict':<10} {'peak MiB':>9}")
     per_node: dict = {}
     for shape in a.shapes:
         for size in a.sizes:
             gm = processed(shape, size)
             n = len(gm.graph.nodes)
-            for name, kw in modes.items():
+            for name, tool in modes.items():
                 best = None
                 for _ in range(a.repeat):
-                    rep, wall, cpu = timed(lambda: sanitize(gm, **kw))
+                    rep, wall, cpu = timed(lambda: tool(gm))
                     best = (wall, cpu) if best is None or cpu < best[1] else best
                 wall, cpu = best
-                mem = "" if a.no_memory else f"{peak_mib(lambda: sanitize(gm, **kw)):9.0f}"
-                verdict = "ok" if rep.ok else f"{len(rep.errors)} errors"
-                print(f"{shape:<8} {n:>7} {name:<24} {wall:7.2f} {cpu:7.2f} {n / cpu:8.0f} {verdict:<10} {mem:>9}", flush=True)
+                mem = "" if a.no_memory else f"{peak_mib(lambda: tool(gm)):9.0f}"
+                verdict = (f"{rep.makespan_us:.1f} us" if isinstance(rep, Timeline) else
+                           "ok" if rep.ok else f"{len(rep.errors)} errors")
+                print(f"{shape:<8} {n:>7} {name:<26} {wall:7.2f} {cpu:7.2f} {n / cpu:8.0f} {verdict:<10} {mem:>9}", flush=True)
                 per_node.setdefault((shape, name), []).append((n, cpu / n))
             del gm
     for (shape, name), pts in per_node.items():

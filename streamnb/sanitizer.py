@@ -17,6 +17,7 @@ from .graph import (StreamnbError, StreamRegistry, check_graph_module, flat_args
 from .streamops import (Storage, StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view,
                                 physical_stream,
                                 schema_args, storages)
+from .fastfx import paused_gc
 from .simulator import simulate
 
 # %% auto #0
@@ -509,6 +510,7 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, 
     return _decoded(gm)    # every stream op decoded (`check_stream_ops`), once
 
 # %% ../nbs/07_sanitizer.ipynb #07e86311
+@paused_gc()   # as the passes and simulate: its Access records would make the collector rescan the graph
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
              current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None) -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never
