@@ -510,7 +510,7 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, 
     return _decoded(gm)    # every stream op decoded (`check_stream_ops`), once
 
 # %% ../nbs/07_sanitizer.ipynb #07e86311
-@paused_gc()   # as the passes and simulate: its Access records would make the collector rescan the graph
+@paused_gc()   # as the passes and simulate do (chapter 90): a call on a big graph never waits for the collector
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
              current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None) -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never

@@ -379,7 +379,7 @@ def _check_args(gm, cost, device, registry, launch_overhead, name) -> None:
     check_stream_ops(gm)
 
 # %% ../nbs/04_simulate.ipynb #c2fc95f7
-@paused_gc()   # the collector would rescan the graph's FX objects again and again (x1.7 time per node at 100k)
+@paused_gc()   # else the collector rescans the graph's FX objects again and again (x1.7 time per node at 100k)
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str | DeviceSpec = "H100", registry: StreamRegistry | None = None,
              launch_overhead: float | None = None, name: str | None = None,
