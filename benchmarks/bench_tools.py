@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="keep each measurement's best of N")
     ap.add_argument("--no-memory", action="store_true")
     a = ap.parse_args(argv)
-    modes = {"sanitize": lambda gm: sanitize(gm), "sanitize(reorder=True)": lambda gm: sanitize(gm, reorder=True),
+    modes = {"sanitize": sanitize, "sanitize(reorder=True)": lambda gm: sanitize(gm, reorder=True),
              "simulate(contention=True)": lambda gm: simulate(gm, contention=True)}
     print(f"{'shape':<8} {'nodes':>7} {'tool':<26} {'wall s':>7} {'cpu s':>7} {'nodes/s':>8} {'verdict':<10} {'peak MiB':>9}")
     per_node: dict = {}
