@@ -134,11 +134,12 @@ class CorrectedEpilogue(SeedEpilogue):
         join.prepend(copy)
 
 # %% ../nbs/10_backward_streams.ipynb #605bc25e
-@stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers, check=check_stream_ops)
+@stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers)
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
     "Run each `aten.copy_` on the stream of the value it copies (by default before the joins that follow the value)."
     p = SeedEpilogue() if upstream else CorrectedEpilogue()
-    reserve_indices_in_use(gm)   # a fresh current-stream index must not be one the graph uses
+    # a malformed stream op is refused; a fresh current-stream index must not be one the graph uses
+    reserve_indices_in_use(gm, check_stream_ops(gm))
     for epi_copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))

@@ -5,6 +5,7 @@
 # %% ../nbs/13_control_deps.ipynb #a855aa34
 from __future__ import annotations
 
+import collections
 import contextlib
 import operator
 from typing import Callable
@@ -19,7 +20,7 @@ from . import fastfx
 from .graph import check_graph_module
 from .graph import (FWD_TAGS, SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
                             get_stream, is_bwd_node, is_control_deps, streams)
-from .streamops import OPS, StreamOp, blocks, decode, is_view, storages, written_args
+from .streamops import OPS, StreamOp, blocks, check_stream_ops, decode, is_view, storages, written_args
 
 # %% auto #0
 __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
@@ -171,7 +172,7 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
 def _memory_after_waits(gm: GraphModule, ops: dict[Node, StreamOp] | None = None) -> dict[Node, list[Node]]:
     """Each `wait_event` node -> the nodes after it on its stream that write memory in place, or read memory written in
     place, where the node its event was recorded after made the access they conflict with (a write; for a write, any).
-    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
+    `ops`: the graph's stream ops as `check_stream_ops` read them (else each node is decoded here)."""
     mem, written, out = storages(gm), set(), {}
     after: dict = {}                          # event -> (blocks written, blocks used) by the node its record follows
     waits: dict = {}                          # stream -> [(wait node, what its event was recorded after)]
@@ -204,6 +205,20 @@ def _is_write_back(n: Node) -> bool:
     return n.target is aten.copy_.default and bool(n.args) and _is_copy_destination(n, n.args[0])
 
 # %% ../nbs/13_control_deps.ipynb #bb63a8a0
+def _walked_reads(u: Node, visited: set[Node]) -> list[Node]:
+    """The walked nodes (before the sync) that `u` reads through nodes after it, nearest first: threading one of them
+    through the sync orders `u` after it. Never a `get_attr` or a `copy_`'s destination (as for direct inputs)."""
+    out: dict[Node, None] = {}
+    todo, seen = collections.deque([u]), {u}
+    while todo:
+        n = todo.popleft()
+        for i in n.all_input_nodes:
+            if i in seen or i.op == "get_attr" or _is_copy_destination(n, i): continue
+            seen.add(i)
+            if i in visited: out[i] = None
+            else: todo.append(i)
+    return list(out)
+
 def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict,
                                backward_syncs: set[Node] = frozenset()) -> list[Node]:
     """For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it
@@ -213,6 +228,7 @@ def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node],
         if u in visited or _depends_on_any(u, ordered, visited): continue
         # (never a `copy_`'s destination input: it keeps its identity, correction 18; its source carries the order)
         ins = [i for i in u.all_input_nodes if i in visited and i.op != "get_attr" and not _is_copy_destination(u, i)]
+        if not ins: ins = _walked_reads(u, visited)   # it reads only nodes after the wait: thread what they read
         allowed = [i for i in ins if not (wait in backward_syncs and _is_forward_value(i))]
         # (else a forward graph input: its getitem is then tagged for the backward, see `wrapped`)
         i = next(iter(allowed or [i for i in ins if i.op == "placeholder"]), None)
@@ -228,7 +244,7 @@ def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> l
 def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
     """The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node (not an
     input's write-back `copy_`: AOTAutograd tags those `must_be_in_backward` in inference graphs too, correction 18).
-    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
+    `ops`: the graph's stream ops as `check_stream_ops` read them (else each node is decoded here)."""
     out, in_backward = set(), False
     for n in graph.nodes:
         if n.op != "call_function": continue
@@ -271,7 +287,7 @@ def _unannotated_after(nodes: list[Node], stream: int | None, ctrl: Node | None)
 # %% ../nbs/13_control_deps.ipynb #67830e98
 def _deallocs_by_record(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> dict[Node, list[Node]]:
     """Each `record_event` node -> the `sync_dealloc` nodes after it that wait for its event (until it is recorded again).
-    `ops`: the graph's stream ops as `_decoded` read them (else each node is decoded here)."""
+    `ops`: the graph's stream ops as `check_stream_ops` read them (else each node is decoded here)."""
     last_record: dict[int, Node] = {}
     deallocs: dict[Node, list[Node]] = {}
     for n in (graph.nodes if ops is None else ops):   # (`ops` is in graph order)
@@ -321,11 +337,6 @@ class _DeferredOutput:
         self.node.args, self.node.kwargs = map_arg(args, current), map_arg(kwargs, current)
 
 # %% ../nbs/13_control_deps.ipynb #368b4fc6
-def _decoded(gm: GraphModule) -> dict[Node, StreamOp]:
-    "Each stream op of `gm`, in graph order -> what it does: `check_stream_ops`' reading, kept (it raises on a malformed op)."
-    check_graph_module(gm)
-    return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
-
 class _ReadOnce:
     "The wrap rules' reading of the graph: every stream op decoded once, by `check`, before any change."
     decoded: dict[Node, StreamOp] | None = None   # (None: not checked; a node is decoded when asked)
@@ -342,7 +353,7 @@ class SeedWrap(_ReadOnce):
         return self.decode(node) if node.target in self.ops else None
     def check(self, gm: GraphModule) -> None:
         "Refuse a graph before any change: a malformed or unknown stream op (the seed fails half-way or ignores it)."
-        self.decoded = _decoded(gm)
+        self.decoded = check_stream_ops(gm)
     def start(self, w: _Walk) -> None: "Set up before the walk (the seed needs nothing)."
     def stream_deps(self, nodes: list[Node]) -> list[Node]:
         "A stream's list of nodes since its last sync, as deps."

@@ -12,7 +12,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 from .cost import DeviceSpec, get_roofline_estimate, val_nodes
-from .graph import (IndexedDict, StreamnbError, get_stream, stream_pass, validate, get_stream_or_current_stream,
+from .graph import (IndexedDict, StreamnbError, get_stream, stream_pass, require_val, get_stream_or_current_stream,
                             is_bwd_node, is_control_deps, correction, new_event)
 from . import fastfx
 from .streamops import OPS, Storage, aliases, check_stream_ops, is_view, owner, reserve_indices_in_use, storages
@@ -248,13 +248,14 @@ def _block_users(storage: tuple, node: Node) -> list[Node] | None:
     return sorted({u for a in al[m] for u in a.users if not _no_gpu_work(u)})
 
 # %% ../nbs/12_dealloc.ipynb #8cd594f4
-@stream_pass("sync_deallocations", check=check_stream_ops)
+@stream_pass("sync_deallocations")
 def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: str = "sync_dealloc",
                        device: str | DeviceSpec = "H100") -> None:
     "Sync the deallocation of every tensor used on another stream (the seed: backward tensors only; the record_stream problem)."
+    ops = check_stream_ops(gm)   # a malformed stream op is refused first; the ops are kept for the indices below
     p = _policy(upstream, mechanism, device)
-    validate(gm, p.need_val(gm))   # before any change
-    reserve_indices_in_use(gm)   # new events never equal one the graph already uses
+    require_val(p.need_val(gm))   # before any change (validated on entry)
+    reserve_indices_in_use(gm, ops)   # new events never equal one the graph already uses
     traces = {True: p.timelines(gm.graph)}   # the backward's, and the forward's once needed (22)
     for node in gm.graph.nodes:
         if node.op == "call_function" and p.handles(node):

@@ -59,8 +59,7 @@ def paused_gc() -> Iterator[None]:
     try: yield
     finally:
         if was_enabled:
-            if gc.get_freeze_count() == 0: gc.freeze(); gc.unfreeze()   # survivors to the oldest generation, unscanned
-            gc.enable()
+            gc.enable()   # (nothing moved between generations: see below)
 
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
 _CANDIDATES: dict = {}   # id(callable target) -> (it, `Graph._target_to_str(it)`: FX's name for its nodes, unnumbered)

@@ -29,8 +29,8 @@ __all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'C
            'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
            'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical', 'StreamnbError',
            'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict',
-           'validate', 'already_processed', 'mark_processed', 'transaction', 'stream_pass', 'Correction', 'correction',
-           'corrections_table']
+           'validate', 'require_val', 'already_processed', 'mark_processed', 'transaction', 'stream_pass', 'Correction',
+           'correction', 'corrections_table']
 
 # %% ../nbs/01_graph.ipynb #659d8eb0
 aten = torch.ops.aten
@@ -369,6 +369,13 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
             raise StreamnbError(f"node {n.name}: meta['val'] is a {type(n.meta['val']).__name__}, not a value a traced "
                                 "op makes (a fake or meta tensor, a SymInt or a number)")
 
+def require_val(need_val: Collection[Node]) -> None:
+    """`validate(gm, need_val)` on a graph that already passed `validate(gm)` and has not changed since (a pass that
+    learns which values it reads after its checks): a `MissingValError` naming the first node of `need_val` in graph
+    order that has no `meta['val']`, without walking the graph again."""
+    missing = [n for n in need_val if "val" not in n.meta]
+    if missing: get_val(min(missing))   # nodes of one graph compare by their place in it
+
 # %% ../nbs/01_graph.ipynb #40530b88
 def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
@@ -395,17 +402,19 @@ class _Snapshot:
     "What a pass may change on `gm`, saved so that `restore` can put it back."
     def __init__(self, gm: GraphModule):
         self.gm, self.graph = gm, gm.graph
-        self.nodes = [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in self.graph.nodes]
+        self.nodes: list[tuple] = []
+        copies: dict[int, dict] = {}   # own copies of `custom` dicts, shared ones staying shared within the graph
+        for n in self.graph.nodes:   # (one walk: a snapshot is taken before every pass)
+            meta = n.meta
+            self.nodes.append((n, n.target, n.args, n.kwargs, dict(meta)))
+            if type(c := meta.get("custom")) is dict:
+                meta["custom"] = copies[id(c)] if id(c) in copies else copies.setdefault(id(c), dict(c))
         self.attrs, self.modules, self.meta = dict(gm.__dict__), dict(gm._modules), dict(gm.meta)
         self.forward = type(gm).__dict__.get("forward")
         self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
         self.names = fastfx.save_names(self.graph)
         self.registry = get_registry(); self.registry_state = self.registry.state()
         self.backup = None if fastfx.FAST else copy.deepcopy(self.graph)   # erased nodes cannot be revived: keep a copy
-        copies: dict[int, dict] = {}   # own copies of `custom` dicts, shared ones staying shared within the graph
-        for n, *_ in self.nodes:
-            if type(c := n.meta.get("custom")) is dict:
-                n.meta["custom"] = copies.get(id(c)) or copies.setdefault(id(c), dict(c))
 
     def restore(self) -> None:
         g, gm = self.graph, self.gm

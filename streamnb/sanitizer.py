@@ -42,11 +42,7 @@ def unknown_streams(gm: GraphModule, registry: StreamRegistry | None = None) -> 
     """The stream indices the sanitizer cannot place: named by a stream op, annotated on no node, and not a current-stream
     index of `registry` (default: the active one). Each index -> the stream-op nodes that name it, in graph order."""
     check_graph_module(gm)
-    return _unknown_streams(gm, registry if registry is not None else get_registry(), _decoded(gm))
-
-def _decoded(gm: GraphModule) -> dict[Node, StreamOp]:
-    "Each stream-op node of `gm` -> what it does (`decode`, once per node; it raises on a malformed op)."
-    return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
+    return _unknown_streams(gm, registry if registry is not None else get_registry(), check_stream_ops(gm))
 
 def _unknown_streams(gm: GraphModule, reg: StreamRegistry, ops: dict[Node, StreamOp]) -> dict[int, list[Node]]:
     "`unknown_streams` with the graph's stream ops already decoded (`ops`)."
@@ -262,7 +258,7 @@ class _Sanitizer:
     "One walk over the graph in program order; the state of both models and the report."
     def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None):
         self.gm, self.registry = gm, registry
-        self.ops = _decoded(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
+        self.ops = check_stream_ops(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
         phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
         self.stream = lambda i: phys[i] if i in phys else phys.setdefault(i, physical_stream(i, registry))   # index -> physical stream
         self.key = lambda n: self.stream(get_stream(n))         # a node -> its physical stream
@@ -507,7 +503,7 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, 
     if estimate is not None and not callable(estimate):
         raise TypeError(f"estimate: expected a function node -> time or None, got {type(estimate).__name__}")
     validate(gm)           # lint, stream annotations, call_module with a stream, text vals
-    return _decoded(gm)    # every stream op decoded (`check_stream_ops`), once
+    return check_stream_ops(gm)   # every stream op decoded, once
 
 # %% ../nbs/07_sanitizer.ipynb #07e86311
 @paused_gc()   # as the passes and simulate do (chapter 90): a call on a big graph never waits for the collector

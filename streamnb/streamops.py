@@ -203,27 +203,31 @@ def _stream_op(*values) -> StreamOp:
     return op
 
 # %% ../nbs/02_streamops.ipynb #14901036
-def check_stream_ops(gm: GraphModule) -> None:
-    """Decode every node of `gm`, raising on the first malformed stream op (see `decode`). (The graph-wide checks, a
-    `call_module` node with a stream among them, are `graph.validate`'s; the passes, `sanitize` and `simulate` run both.)"""
+def check_stream_ops(gm: GraphModule) -> dict[Node, StreamOp]:
+    """Decode every node of `gm`, raising on the first malformed stream op (see `decode`); return each stream-op node ->
+    what it does, in graph order, for a caller that reads the ops again (decoding is most of a check's cost). (The
+    graph-wide checks, a `call_module` node with a stream among them, are `graph.validate`'s; the passes, `sanitize` and
+    `simulate` run both.)"""
     check_graph_module(gm)
-    for n in gm.graph.nodes: decode(n, gm)
+    return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
-def indices_in_use(gm: GraphModule) -> set[int]:
-    "Every stream and event index `gm` names: stream annotations, and the events and streams of its stream ops."
+def indices_in_use(gm: GraphModule, ops: dict[Node, StreamOp] | None = None) -> set[int]:
+    """Every stream and event index `gm` names: stream annotations, and the events and streams of its stream ops.
+    `ops`: `check_stream_ops(gm)` of the graph as it is now, if the caller has it (else each node is decoded here)."""
     check_graph_module(gm)
     used: set[int] = set()
     for n in gm.graph.nodes:
         if (s := get_stream(n)) is not None: used.add(s)
-        if (op := decode(n, gm)) is not None: used.update(i for i in (op.event, *op.streams) if isinstance(i, int))
+        if (op := decode(n, gm) if ops is None else ops.get(n)) is not None:
+            used.update(i for i in (op.event, *op.streams) if isinstance(i, int))
     return used
 
 # %% ../nbs/02_streamops.ipynb #309229b0
-def reserve_indices_in_use(gm: GraphModule) -> None:
-    "Tell the active registry every index `gm` uses, so that no new index equals one of them."
+def reserve_indices_in_use(gm: GraphModule, ops: dict[Node, StreamOp] | None = None) -> None:
+    "Tell the active registry every index `gm` uses (`ops`: as `indices_in_use`), so that no new index equals one of them."
     check_graph_module(gm)
-    get_registry().reserve(indices_in_use(gm))
+    get_registry().reserve(indices_in_use(gm, ops))
 
 # %% ../nbs/02_streamops.ipynb #a0a00015
 def current_stream_key(registry: StreamRegistry) -> int:

@@ -15,7 +15,7 @@ from torch.fx.node import map_arg
 from . import fastfx
 from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages,
                                 written_args)
-from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, validate, flat_args, get_current_stream, get_device,
+from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
                             streams)
 
@@ -252,16 +252,17 @@ def _val_readers(edges: list[tuple[Node, Node]]) -> set[Node]:
     return need
 
 # %% ../nbs/11_syncs.ipynb #655be6f7
-@stream_pass("insert_backward_syncs", check=check_stream_ops)
+@stream_pass("insert_backward_syncs")
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
+    ops = check_stream_ops(gm)   # a malformed stream op is refused first; the ops are kept for the indices below
     p = SeedSyncs() if upstream else CorrectedSyncs()
     war = p.write_after_read(gm)   # found before any insertion
     edges = _cross_edges(gm, p)
     p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
     outs = p.output_producers(gm)   # returned side-stream values: none for the seed
-    validate(gm, _val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change
-    reserve_indices_in_use(gm)   # new events never equal one the graph already uses
+    require_val(_val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change (validated on entry)
+    reserve_indices_in_use(gm, ops)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node) and p.reads(node, gm):

@@ -8,7 +8,7 @@ import functools
 import warnings
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from graphgen import random_backward_graph
@@ -350,8 +350,16 @@ def test_the_independent_check_is_not_vacuous():
     assert {"read-after-write", "write-after-read", "use-after-free"} <= set(kinds), kinds
 
 
+# An input's write-back `copy_` after a wait whose event was recorded after a read of that input on another stream,
+# the `copy_`'s source computed after the wait from values before it: the wrap pass must thread one of those values
+# through the wait (hypothesis found it; the wait was left with no data edge to the write).
+WRITE_BACK_AFTER_WAIT = {'p_user_sync': 0.3, 'seed': 11, 'n_nodes': 4, 'p_inplace': 0.1, 'p_copy': 0.1, 'p_keyword': 1.0,
+                         'n_streams': 8, 'p_view': 0.1, 'p_split': 0.05, 'p_multi': 0.05}
+
+
 @alias_settings(60)
 @given(alias_args)
+@example(WRITE_BACK_AFTER_WAIT)
 def test_alias_graphs_sanitizer_reorder(args):
     # (a) the default pipeline's output is clean under every order of its data edges
     gm, reg = alias_processed(random_alias_graph(**args))
