@@ -363,7 +363,7 @@ def settle(st: SimState, value: Callable) -> None:
     tl.contended = True
 
 # %% ../nbs/04_simulate.ipynb #10edbf86
-def _check_args(gm, cost, device, registry, launch_overhead, name) -> None:
+def _check_args(gm, cost, device, registry, launch_overhead, name) -> dict[Node, StreamOp]:
     "A `TypeError` naming the first of `simulate`'s arguments of the wrong type; then the graph validated and every stream op decoded."
     check_graph_module(gm)
     if cost is not None and not isinstance(cost, Mapping) and not callable(cost):
@@ -376,7 +376,7 @@ def _check_args(gm, cost, device, registry, launch_overhead, name) -> None:
         raise TypeError(f"launch_overhead: expected a non-negative number of ms or None, got {launch_overhead!r}")
     if name is not None and not isinstance(name, str): raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
     validate(gm)           # lint, stream annotations, call_module with a stream, text vals
-    check_stream_ops(gm)
+    return check_stream_ops(gm)   # every stream op decoded, once (the walk reads them from here)
 
 # %% ../nbs/04_simulate.ipynb #c2fc95f7
 @paused_gc()   # else the collector rescans the graph's FX objects again and again (x1.7 time per node at 100k)
@@ -392,7 +392,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04a); or a table / function giving each kernel's
     `Demand` by hand."""
-    _check_args(gm, cost, device, registry, launch_overhead, name)
+    ops = _check_args(gm, cost, device, registry, launch_overhead, name)
     reg = registry if registry is not None else get_registry()
     spec = get_device_spec(device)
     clock = None if contention is False else ContendedClock(demand_function(contention, spec), spec.dispatch_us / 1e3)
@@ -410,7 +410,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     for i, n in enumerate(nodes):
         if n.op == "placeholder":
             alloc(st, n, None, 0.0)          # the caller's memory: resident from t=0, never freed
-        elif (op := decode(n, gm)) is not None:
+        elif (op := ops.get(n)) is not None:
             _on_sync(st, op, phys, base)
         elif n.op in ("call_function", "call_method", "call_module") and not is_alias(n):
             s = phys(get_stream(n))
