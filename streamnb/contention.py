@@ -145,7 +145,8 @@ def _fill(t: _At, v: float, queue: list) -> None:
     t.v, todo = v, [t]
     while todo:
         x = todo.pop()
-        for u in x.ups:
+        ups, x.ups = x.ups, ()   # (dropped once used: `args` and `ups` point both ways, a cycle per time otherwise)
+        for u in ups:
             if type(u) is int: heapq.heappush(queue, (x.v, u)); continue   # kernel u starts at x
             u.left -= 1
             if u.left == 0:

@@ -112,11 +112,10 @@ def _blocks(gm: GraphModule, key: Callable, cpu_as_device: bool = False) -> tupl
     node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it. CPU tensors get
     no Block (nothing is checked for them) unless `cpu_as_device`."""
     blocks: dict = {}
-    def blk(m):
-        if isinstance(m, tuple): return tuple(map(blk, m))
+    def blk(m):   # (not recursive: a closure that names itself is a reference cycle, and so would be every Block)
         if m is None or (_on_cpu(m) and not cpu_as_device): return None
         return blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
-    store = {n: blk(m) for n, m in storages(gm).items()}
+    store = {n: tuple(map(blk, m)) if isinstance(m, tuple) else blk(m) for n, m in storages(gm).items()}   # (flat tuples)
     uses: dict = {}
     for n, t in store.items():
         if isinstance(t, Block): uses.setdefault(t, set()).update(n.users)
@@ -261,7 +260,8 @@ class _Sanitizer:
         self.ops = check_stream_ops(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
         phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
         self.stream = lambda i: phys[i] if i in phys else phys.setdefault(i, physical_stream(i, registry))   # index -> physical stream
-        self.key = lambda n: self.stream(get_stream(n))         # a node -> its physical stream
+        stream = self.stream   # (not `self.stream` inside `key`: a lambda that holds `self` would make the sanitizer a
+        self.key = lambda n: stream(get_stream(n))   # reference cycle, its whole state garbage for the collector) a node -> its physical stream
         self.cpu_as_device = _cpu_stands_for_device(gm)
         self.store, self.uses = _blocks(gm, self.key, self.cpu_as_device)
         self.nodes = list(gm.graph.nodes)
