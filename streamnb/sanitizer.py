@@ -260,8 +260,8 @@ class _Sanitizer:
         self.ops = check_stream_ops(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
         phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
         self.stream = lambda i: phys[i] if i in phys else phys.setdefault(i, physical_stream(i, registry))   # index -> physical stream
-        stream = self.stream   # (not `self.stream` inside `key`: a lambda that holds `self` would make the sanitizer a
-        self.key = lambda n: stream(get_stream(n))   # reference cycle, its whole state garbage for the collector) a node -> its physical stream
+        stream = self.stream   # (`key` must not hold `self`: that makes the sanitizer, and all its state, a reference cycle)
+        self.key = lambda n: stream(get_stream(n))   # a node -> its physical stream
         self.cpu_as_device = _cpu_stands_for_device(gm)
         self.store, self.uses = _blocks(gm, self.key, self.cpu_as_device)
         self.nodes = list(gm.graph.nodes)
