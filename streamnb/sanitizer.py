@@ -107,15 +107,20 @@ def _cpu_stands_for_device(gm: GraphModule) -> bool:
     return streams_named
 
 # %% ../nbs/07_sanitizer.ipynb #745dab2d
+def _block(m, blocks: dict, key: Callable, cpu_as_device: bool):
+    """`m`'s Block in `blocks` (made on first sight), a tuple of them for a tuple of storages (they nest), None for no
+    memory or a CPU tensor. (A function of the module, not a closure: a closure that calls itself is a reference cycle,
+    and would hold every Block in it.)"""
+    if isinstance(m, tuple): return tuple(_block(x, blocks, key, cpu_as_device) for x in m)
+    if m is None or (_on_cpu(m) and not cpu_as_device): return None
+    return blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
+
 def _blocks(gm: GraphModule, key: Callable, cpu_as_device: bool = False) -> tuple[dict, dict]:
     """The alias model (`streamops.storages`) with one `Block` per storage, on the stream `key(node)` of its node: each
     node -> its Block (a tuple for a node with several outputs); each Block -> the nodes that use it. CPU tensors get
     no Block (nothing is checked for them) unless `cpu_as_device`."""
     blocks: dict = {}
-    def blk(m):   # (not recursive: a closure that names itself is a reference cycle, and so would be every Block)
-        if m is None or (_on_cpu(m) and not cpu_as_device): return None
-        return blocks.setdefault(m, Block(m.node, key(m.node), m.owned))
-    store = {n: tuple(map(blk, m)) if isinstance(m, tuple) else blk(m) for n, m in storages(gm).items()}   # (flat tuples)
+    store = {n: _block(m, blocks, key, cpu_as_device) for n, m in storages(gm).items()}
     uses: dict = {}
     for n, t in store.items():
         if isinstance(t, Block): uses.setdefault(t, set()).update(n.users)

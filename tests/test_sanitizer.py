@@ -607,3 +607,16 @@ def test_malformed_stream_op_is_an_error_not_the_current_stream(args):
     w.args = args
     with pytest.raises(StreamOpError, match=f"^node {w.name}: "):
         sanitize(gm)
+
+
+def test_a_sync_passing_a_multi_output_value_through_is_sanitized():
+    "A `control_deps` that passes a tuple-valued node through (native_layer_norm_backward) has nested storages."
+    from streamnb.examples import transformer_block_example
+    from streamnb.explainer import explain
+    model, inputs = transformer_block_example(seq=8, d=32)
+    ex = explain(model, *inputs)
+    gm = ex.modes["default"].backward
+    nested = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.control_deps
+              and any(isinstance(v, (tuple, list)) for v in (n.meta.get("val") or ()))]
+    assert nested, "the example no longer passes a tuple through a sync: pick another"
+    assert sanitize(gm).ok and sanitize(gm, reorder=True).ok
