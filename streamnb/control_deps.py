@@ -267,6 +267,7 @@ def _through_getitems(deps: list[Node], visited: set[Node]) -> list[Node]:
 def _frontier(nodes: list[Node]) -> list[Node]:
     """A stream's list as deps without the nodes that another node of the list reads (directly, or through a getitem):
     a sync after the rest is after them too, and they need not stay allocated until the sync runs (correction 21)."""
+    if len(nodes) < 2: return nodes   # (a node does not read itself)
     inside = set(nodes)
     def read_inside(n: Node) -> bool:
         return any(u in inside or (u.target is operator.getitem and not inside.isdisjoint(u.users)) for u in n.users)
@@ -274,7 +275,7 @@ def _frontier(nodes: list[Node]) -> list[Node]:
 
 def _chained(nodes: list[Node]) -> list[Node]:
     "A stream's list as deps: its leading ctrl (correction 8) is dropped if a later node of the list reads its getitems."
-    if not nodes or not is_control_deps(nodes[0]): return nodes
+    if len(nodes) < 2 or not is_control_deps(nodes[0]): return nodes
     getitems = set(nodes[0].users)
     if any(i in getitems for n in nodes[1:] for i in n.all_input_nodes): return nodes[1:]
     return nodes

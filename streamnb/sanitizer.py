@@ -132,12 +132,13 @@ HOST, MARK = "host", "mark"
 class DataOrder:
     """What every topological order of the data edges guarantees. Per node and stream a bitset of the kernels known
     complete before that stream's later work (`HOST`: before every stream's); it flows only along data edges, so an
-    int-only sync node that nothing depends on guarantees nothing. Sync nodes also set their own bit under `MARK`, so
-    `is_ancestor` can ask whether a wait depends on its record."""
-    def __init__(self, gm: GraphModule):
-        # a bit per node that can run or sync (no getitem, input or output: the bitsets stay short)
-        self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes
-                                                 if n.op == "call_function" and n.target is not operator.getitem)}
+    int-only sync node that nothing depends on guarantees nothing. Each `record_event` also sets its own bit under
+    `MARK`, so `is_ancestor` can ask whether a wait depends on its record. `ops`: the graph's stream ops, decoded."""
+    def __init__(self, gm: GraphModule, ops: dict):
+        # a bit per kernel (the only nodes `ordered` asks about) and, under MARK, one per record (the only nodes
+        # `is_ancestor` asks about): the bitsets stay short, and joining them costs time linear in their length
+        self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n not in ops and _is_kernel(n))}
+        self.records = {n: i for i, n in enumerate(n for n, op in ops.items() if op.kind == "record_event")}
         self.after: dict = {}        # node -> {stream, HOST or MARK: bitset}
         self.snap: dict = {}         # record node -> the kernels it snapshots
     def bit(self, n: Node) -> int: return 1 << self.index[n]
@@ -154,8 +155,9 @@ class DataOrder:
         return {} if st is None else st
     @staticmethod
     def get(st: dict, s) -> int: return st.get(s, 0) | st.get(HOST, 0)
-    def mark(self, n: Node, st: dict) -> None: st[MARK] = st.get(MARK, 0) | self.bit(n)
-    def is_ancestor(self, a: Node, st: dict) -> bool: return self.has(st.get(MARK, 0), a)
+    def mark(self, n: Node, st: dict) -> None:
+        if (i := self.records.get(n)) is not None: st[MARK] = st.get(MARK, 0) | 1 << i
+    def is_ancestor(self, r: Node, st: dict) -> bool: return bool(st.get(MARK, 0) >> self.records[r] & 1)
     def ordered(self, acc: Access, s, st: dict) -> bool:
         return acc.stream == s or self.has(st.get(s, 0), acc.node) or self.has(st.get(HOST, 0), acc.node)
 
@@ -276,7 +278,7 @@ class _Sanitizer:
             if t.freeable and not any(u.op == "output" for u in us):
                 self.frees.setdefault(max(us | {t.node}, key=pos.__getitem__), []).append(t)
         self.vc = VectorClocks()
-        self.do = DataOrder(gm) if reorder else None
+        self.do = DataOrder(gm, self.ops) if reorder else None
         self.records: dict = {}      # event -> its last record_event node so far
         self.recorded_in_graph = {op.event for op in self.ops.values() if op.kind == "record_event"}   # events recorded
         self.waits: list = []        # (wait or sync_dealloc node, its stream, the record it waited for), in program order
