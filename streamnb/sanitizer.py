@@ -138,7 +138,7 @@ class DataOrder:
         # a bit per kernel (the only nodes `ordered` asks about) and, under MARK, one per record (the only nodes
         # `is_ancestor` asks about): the bitsets stay short, and joining them costs time linear in their length
         self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n not in ops and _is_kernel(n))}
-        self.records = {n: i for i, n in enumerate(n for n, op in ops.items() if op.kind == "record_event")}
+        self.record_index = {n: i for i, n in enumerate(n for n, op in ops.items() if op.kind == "record_event")}
         self.after: dict = {}        # node -> {stream, HOST or MARK: bitset}
         self.snap: dict = {}         # record node -> the kernels it snapshots
     def bit(self, n: Node) -> int: return 1 << self.index[n]
@@ -156,8 +156,8 @@ class DataOrder:
     @staticmethod
     def get(st: dict, s) -> int: return st.get(s, 0) | st.get(HOST, 0)
     def mark(self, n: Node, st: dict) -> None:
-        if (i := self.records.get(n)) is not None: st[MARK] = st.get(MARK, 0) | 1 << i
-    def is_ancestor(self, r: Node, st: dict) -> bool: return bool(st.get(MARK, 0) >> self.records[r] & 1)
+        if (i := self.record_index.get(n)) is not None: st[MARK] = st.get(MARK, 0) | 1 << i
+    def is_ancestor(self, r: Node, st: dict) -> bool: return bool(st.get(MARK, 0) >> self.record_index[r] & 1)
     def ordered(self, acc: Access, s, st: dict) -> bool:
         return acc.stream == s or self.has(st.get(s, 0), acc.node) or self.has(st.get(HOST, 0), acc.node)
 

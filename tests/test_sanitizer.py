@@ -624,20 +624,20 @@ def test_a_sync_passing_a_multi_output_value_through_is_sanitized():
 
 def test_the_reorder_model_keeps_a_bit_per_kernel_and_per_record_only():
     """`reorder=True`'s bitsets stay short: a bit per kernel (what `ordered` asks about) and, under MARK, one per
-    record_event (what `is_ancestor` asks about); a bit per node made them about 2.5x longer on the benchmark graphs."""
+    record_event (what `is_ancestor` asks about); a bit per call made them 1.6-5x longer on the benchmark graphs."""
     from graphgen import random_backward_graph
     from streamnb.graph import get_registry
     from streamnb.pipeline import run_stream_passes
-    from streamnb.sanitizer import _is_kernel, _Sanitizer
+    from streamnb.sanitizer import MARK, _is_kernel, _Sanitizer
     gm = run_stream_passes(random_backward_graph(3, n_nodes=200, n_streams=3, p_user_sync=0.1, p_consume=0.5))
     san = _Sanitizer(gm, True, get_registry())
     ops = san.ops
     kernels = [n for n in gm.graph.nodes if n not in ops and _is_kernel(n)]
     records = [n for n, op in ops.items() if op.kind == "record_event"]
     assert kernels and records and len(kernels) + len(records) < len(gm.graph.nodes) / 2
-    assert list(san.do.index) == kernels and set(san.do.records) == set(records)
+    assert list(san.do.index) == kernels and set(san.do.record_index) == set(records)
     rep = san.run()
-    widest = max(v.bit_length() for st in san.do.after.values() if st for k, v in st.items() if k != "mark")
+    widest = max(v.bit_length() for st in san.do.after.values() if st for k, v in st.items() if k != MARK)
     assert widest <= len(kernels)
-    assert max(st.get("mark", 0).bit_length() for st in san.do.after.values() if st) <= len(records)
+    assert max(st.get(MARK, 0).bit_length() for st in san.do.after.values() if st) <= len(records)
     assert rep.ok and sanitize(gm, reorder=True).ok
