@@ -1,0 +1,170 @@
+"""What the stream passes' output costs to build at all, against the time issue 23's targets leave (items 1-2).
+
+For each shape (bench_passes.py's shapes and sizes), streamnb's five passes run once on a lazy copy, each called alone
+(the AOTAutograd path), and the benchmark counts what they made: each new stream-op node of the main graph, and each
+`control_deps` node with its sync's arguments, its deps and the values it passes through. Then it times three things:
+
+* `objects`: building those FX objects again on a scratch graph, with no decision taken, by the fastest path the
+  passes use (`streamnb.fastfx`): per new stream op one `call_function` node; per `control_deps` node the sync it
+  replaces (unless the input graph had it), its subgraph module (`fastfx.create_subgraph_for_node`), the module
+  attribute, the `get_attr`, `control_deps` and `getitem` nodes, and the sync's erasure. The collector is paused and
+  the generation-0 collection that the caller's next allocation then runs is included, as in bench_passes' `aot`
+  table. The rewiring of users to the getitems is left out, so this is a lower bound.
+* `checks`: what the five public passes spend, in the same run, on the checks the quality bar asks of every public
+  call (`validate`, the transaction's snapshot, `check_stream_ops`, `already_processed`): bad input gets a clear error
+  and never leaves a half-rewritten graph.
+* `public` (upstream rows): the same objects built the way torch 2.13 builds them (FX's public calls, Inductor's
+  `_create_subgraph_for_node`, the collector on): the share of torch's own time that is object building.
+* torch 2.13's five passes on the same graph (collector on, bench_passes' `run_torch` and `timed_run`), and streamnb's
+  own total on the AOTAutograd path.
+
+It prints, per row (streamnb upstream against torch/3, streamnb default against torch/2), the time the target leaves
+and the floor (`objects + checks`) as a share of it. A floor above 100% means no implementation that builds the same
+output out of FX's objects (built as fast as streamnb knows how) with the same checks meets the target on that graph;
+a floor near 100% leaves no time for the passes' own walks and decisions. Nothing is asserted on time.
+
+    python benchmarks/bench_floor.py                       # shapes backward stress dag at 100000 final nodes
+    python benchmarks/bench_floor.py --shapes stress --sizes 40000 100000
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import operator
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.fx import Graph, Node
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_passes as B  # noqa: E402  (also puts tests/ on the path and honours STREAMNB_SRC)
+
+import streamnb.fastfx as F  # noqa: E402
+import streamnb.graph as G  # noqa: E402
+import streamnb.streamops as SO  # noqa: E402
+from streamnb.graph import is_control_deps  # noqa: E402
+
+CHECKS = ((G, "validate"), (G, "_Snapshot"), (G, "already_processed"), (SO, "check_stream_ops"))
+TARGETS = {"streamnb upstream": 3.0, "streamnb default": 2.0}   # issue 23, item 1: times faster than torch 2.13
+
+
+def run_counting_checks(row: str, gm) -> tuple[float, float]:
+    "Run `row`'s five passes alone on `gm` (collector on); (total s with the gen-0 collection after, s in CHECKS)."
+    spent = [0.0]
+    real = {name: getattr(mod, name) for mod, name in CHECKS}
+    def timed(f):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try: return f(*a, **k)
+            finally: spent[0] += time.perf_counter() - t0
+        return run
+    for mod, name in CHECKS: setattr(mod, name, timed(real[name]))
+    try:
+        gc.collect()
+        t0 = time.perf_counter()
+        B.ALONE[row](gm, {})
+        gc.collect(0)   # what the passes made while they paused the collector (bench_passes.timed_run does the same)
+        total = time.perf_counter() - t0
+    finally:
+        for mod, name in CHECKS: setattr(mod, name, real[name])
+    return total, spent[0]
+
+
+def what_was_made(gm, before: set[Node], input_names: set[str]) -> tuple[list, list]:
+    """The new stream-op nodes of the processed `gm` (target, Node-argument count, other args) and its control_deps
+    nodes (sync target, its args with Node arguments as indices, number of deps, number passed through, sync is new)."""
+    ops, wraps = [], []
+    for n in gm.graph.nodes:
+        if n in before or n.op != "call_function" or n.target is operator.getitem: continue
+        if is_control_deps(n):
+            sub = getattr(gm, n.args[1].target)
+            call = next(m for m in sub.graph.nodes if m.op == "call_function")
+            phs = [m for m in sub.graph.nodes if m.op == "placeholder"]
+            args = tuple(("node", phs.index(a)) if isinstance(a, Node) else a for a in call.args)
+            sync_name = n.args[1].target[len("subgraph_"):]   # (`subgraph_name` adds `_0` only on a clash)
+            wraps.append((call.target, args, len(n.args[0]), len(n.args) - 2, sync_name not in input_names))
+        elif n.target in SO.OPS:
+            ops.append((n.target, tuple(("node", 0) if isinstance(a, Node) else a for a in n.args)))
+    return ops, wraps
+
+
+def build_objects(ops: list, wraps: list, public: bool = False) -> tuple[float, _LazyGraphModule]:
+    """Seconds to build `what_was_made`'s objects on a scratch graph (collector paused, gen-0 collection included); it.
+    `public`: through FX's public calls and Inductor's `_create_subgraph_for_node`, collector on, as torch 2.13 does."""
+    from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node
+    from streamnb.control_deps import control_deps
+    call = (lambda g, t, a: g.call_function(t, a)) if public else F.call_function
+    get_attr = (lambda g, name: g.get_attr(name)) if public else (lambda g, name: F.create_node(g, "get_attr", name))
+    subgraph = _create_subgraph_for_node if public else F.create_subgraph_for_node
+    g = Graph()
+    width = max([1, *(d + p for _, _, d, p, _ in wraps), *(len(args) for _, args, *_ in (*ops, *wraps))])
+    pool = [g.placeholder(f"x{i}") for i in range(width)]   # the values the new nodes read (any graph's nodes would do)
+    for p in pool: p.meta["val"] = torch.empty(4, device="meta")
+    gm = _LazyGraphModule(torch.nn.Module(), g)
+    node_args = lambda args: tuple(pool[a[1]] if isinstance(a, tuple) and a[:1] == ("node",) else a for a in args)
+    bare = [None if new else call(g, t, node_args(args)) for t, args, _, _, new in wraps]   # the input's syncs
+    gc.collect()
+    was = gc.isenabled()
+    if not public: gc.disable()
+    t0 = time.perf_counter()
+    for target, args in ops: call(g, target, node_args(args))
+    for (target, args, n_deps, n_pass, _), sync in zip(wraps, bare):
+        sync = sync or call(g, target, node_args(args))
+        deps, passed = pool[:n_deps], pool[n_deps:n_deps + n_pass]
+        sub = subgraph(g, sync, passed)
+        name = F.subgraph_name(gm, sync.name)
+        setattr(gm, name, sub)
+        with g.inserting_before(sync):
+            get = get_attr(g, name)
+            ctrl = call(g, control_deps, (tuple(deps), get, *passed))
+        with g.inserting_after(ctrl):
+            for i, p in enumerate(passed): call(g, operator.getitem, (ctrl, i + 1)).meta.update(p.meta)
+        sync.replace_all_uses_with(ctrl)
+        g.erase_node(sync)
+    if was: gc.enable()
+    gc.collect(0)   # (with the collector on throughout, this one finds little left)
+    return time.perf_counter() - t0, gm
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", choices=list(B.SHAPES), default=list(B.SHAPES))
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100000], help="final node counts, about (bench_passes')")
+    a = ap.parse_args(argv)
+    print(B.describe_code())
+    print(f"\n{'shape':<9}{'size':>7}{'out':>8} {'row':<18}{'torch':>7}{'target':>8}{'leaves':>8}{'streamnb':>9}"
+          f"{'objects':>9}{'checks':>8}{'floor':>8}{'floor/leaves':>13}{'public':>8}")
+    for shape in a.shapes:
+        for size in a.sizes:
+            base = B.build(shape, size)
+            torch_total = B.timed_run(B.measurement("aot", "torch 2.13"), B.copy_as(base, "lazy"), "lazy")[0]["total"]
+            input_names = {n.name for n in base.graph.nodes}
+            for row, times in TARGETS.items():
+                gm = B.copy_as(base, "lazy")
+                before = set(gm.graph.nodes)
+                total, checks = run_counting_checks(row, gm)
+                ops, wraps = what_was_made(gm, before, input_names)
+                n_out = len(gm.graph.nodes)
+                del gm, before
+                objects = min(build_objects(ops, wraps)[0] for _ in range(2))
+                public = build_objects(ops, wraps, public=True)[0] if row == "streamnb upstream" else None
+                leaves, floor = torch_total / times, objects + checks
+                print(f"{shape:<9}{size:>7}{n_out:>8} {row:<18}{torch_total:>7.2f}{times:>7.0f}x{leaves:>8.2f}"
+                      f"{total:>9.2f}{objects:>9.2f}{checks:>8.2f}{floor:>8.2f}{floor / leaves:>12.0%}"
+                      + (f"{public:>8.2f}" if public is not None else ""), flush=True)
+            del base
+    print("\nseconds; target: times faster than torch (issue 23 item 1); leaves: torch / target; streamnb: its own total"
+          "\n(AOTAutograd path, collector on); objects: the output's FX objects built with no decision (a lower bound);"
+          "\nchecks: validate, snapshot, check_stream_ops and already_processed inside the five public calls; floor:"
+          "\nobjects + checks. A floor near or above 100% of `leaves`: no time is left for the passes' own walks and"
+          "\ndecisions, so an implementation that builds the same output out of FX objects with these checks cannot meet"
+          "\nthe target on that graph. public (upstream rows): the same objects through FX's public calls and Inductor's"
+          "\n_create_subgraph_for_node, collector on, as torch 2.13 builds them: how much of torch's own time they are.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
