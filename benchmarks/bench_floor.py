@@ -15,13 +15,15 @@ For each shape (bench_passes.py's shapes and sizes), streamnb's five passes run 
   and never leaves a half-rewritten graph.
 * `public` (upstream rows): the same objects built the way torch 2.13 builds them (FX's public calls, Inductor's
   `_create_subgraph_for_node`, the collector on): the share of torch's own time that is object building.
-* torch 2.13's five passes on the same graph (collector on, bench_passes' `run_torch` and `timed_run`), and streamnb's
-  own total on the AOTAutograd path.
+* torch 2.13's five passes on the same graph, and streamnb's own total, in each table's condition (bench_passes'
+  `timed_run`).
 
-It prints, per row (streamnb upstream against torch/3, streamnb default against torch/2), the time the target leaves
-and the floor (`objects + checks`) as a share of it. A floor above 100% means no implementation that builds the same
-output out of FX's objects (built as fast as streamnb knows how) with the same checks meets the target on that graph;
-a floor near 100% leaves no time for the passes' own walks and decisions. Nothing is asserted on time.
+It prints, per table and row (bench_passes' `aot` table: upstream against torch/3, default against torch/2, item 1;
+its `like` table, `gc.disable()` around both sides and no collection in `objects`: torch/2 and torch/1.5, item 2),
+the time the target leaves and the floor (`objects + checks`) as a share of it. A floor above 100% means that no
+implementation that builds the same output out of FX's objects (as fast as streamnb knows how) with the same checks
+meets the target on that graph; near 100%, none is left for the passes' own walks and decisions. Nothing is asserted
+on time.
 
     python benchmarks/bench_floor.py                       # shapes backward stress dag at 100000 final nodes
     python benchmarks/bench_floor.py --shapes stress --sizes 40000 100000
@@ -48,7 +50,18 @@ import streamnb.streamops as SO  # noqa: E402
 from streamnb.graph import is_control_deps  # noqa: E402
 
 CHECKS = ((G, "validate"), (G, "_Snapshot"), (G, "already_processed"), (SO, "check_stream_ops"))
-TARGETS = {"streamnb upstream": 3.0, "streamnb default": 2.0}   # issue 23, item 1: times faster than torch 2.13
+# bench_passes' table -> row -> target (times faster than torch 2.13): issue 23, item 1 (aot) and item 2 (like)
+TARGETS = {"aot": {"streamnb upstream": 3.0, "streamnb default": 2.0},
+           "like": {"streamnb upstream": 2.0, "streamnb default": 1.5}}
+
+
+def collector_off(fn, *args, **kwargs):
+    "`fn(*args, **kwargs)` inside `gc.disable()` (the like-for-like table's condition), the collector restored after."
+    was = gc.isenabled()
+    gc.disable()
+    try: return fn(*args, **kwargs)
+    finally:
+        if was: gc.enable()
 
 
 def run_counting_checks(row: str, gm) -> tuple[float, float]:
@@ -124,8 +137,9 @@ def build_objects(ops: list, wraps: list, public: bool = False) -> tuple[float, 
             for i, p in enumerate(passed): call(g, operator.getitem, (ctrl, i + 1)).meta.update(p.meta)
         sync.replace_all_uses_with(ctrl)
         g.erase_node(sync)
-    if was: gc.enable()
-    gc.collect(0)   # (with the collector on throughout, this one finds little left)
+    if was:   # (called inside gc.disable(), for the like-for-like table: no collection at all)
+        gc.enable()
+        gc.collect(0)   # (with the collector on throughout, this one finds little left)
     return time.perf_counter() - t0, gm
 
 
@@ -135,34 +149,41 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100000], help="final node counts, about (bench_passes')")
     a = ap.parse_args(argv)
     print(B.describe_code())
-    print(f"\n{'shape':<9}{'size':>7}{'out':>8} {'row':<18}{'torch':>7}{'target':>8}{'leaves':>8}{'streamnb':>9}"
-          f"{'objects':>9}{'checks':>8}{'floor':>8}{'floor/leaves':>13}{'public':>8}")
+    print(f"\n{'table':<6}{'shape':<9}{'size':>7}{'out':>8} {'row':<18}{'torch':>7}{'target':>8}{'leaves':>8}"
+          f"{'streamnb':>9}{'objects':>9}{'checks':>8}{'floor':>8}{'floor/leaves':>13}{'public':>8}")
     for shape in a.shapes:
         for size in a.sizes:
             base = B.build(shape, size)
-            torch_total = B.timed_run(B.measurement("aot", "torch 2.13"), B.copy_as(base, "lazy"), "lazy")[0]["total"]
+            run = lambda path, row: B.timed_run(B.measurement(path, row), B.copy_as(base, "lazy"), "lazy")[0]["total"]
+            torch_total = {path: run(path, "torch 2.13") for path in TARGETS}
             input_names = {n.name for n in base.graph.nodes}
-            for row, times in TARGETS.items():
+            for row in TARGETS["aot"]:
                 gm = B.copy_as(base, "lazy")
                 before = set(gm.graph.nodes)
-                total, checks = run_counting_checks(row, gm)
+                total = {"aot": run_counting_checks(row, gm)}
                 ops, wraps = what_was_made(gm, before, input_names)
                 n_out = len(gm.graph.nodes)
                 del gm, before
-                objects = min(build_objects(ops, wraps)[0] for _ in range(2))
+                checks = total["aot"][1]
+                total = {"aot": total["aot"][0], "like": run("like", row)}
+                objects = {"aot": min(build_objects(ops, wraps)[0] for _ in range(2)),
+                           "like": min(collector_off(build_objects, ops, wraps)[0] for _ in range(2))}
                 public = build_objects(ops, wraps, public=True)[0] if row == "streamnb upstream" else None
-                leaves, floor = torch_total / times, objects + checks
-                print(f"{shape:<9}{size:>7}{n_out:>8} {row:<18}{torch_total:>7.2f}{times:>7.0f}x{leaves:>8.2f}"
-                      f"{total:>9.2f}{objects:>9.2f}{checks:>8.2f}{floor:>8.2f}{floor / leaves:>12.0%}"
-                      + (f"{public:>8.2f}" if public is not None else ""), flush=True)
+                for path, targets in TARGETS.items():
+                    leaves, floor = torch_total[path] / targets[row], objects[path] + checks
+                    print(f"{path:<6}{shape:<9}{size:>7}{n_out:>8} {row:<18}{torch_total[path]:>7.2f}"
+                          f"{targets[row]:>7.1f}x{leaves:>8.2f}{total[path]:>9.2f}{objects[path]:>9.2f}{checks:>8.2f}"
+                          f"{floor:>8.2f}{floor / leaves:>12.0%}"
+                          + (f"{public:>8.2f}" if public is not None and path == "aot" else ""), flush=True)
             del base
-    print("\nseconds; target: times faster than torch (issue 23 item 1); leaves: torch / target; streamnb: its own total"
-          "\n(AOTAutograd path, collector on); objects: the output's FX objects built with no decision (a lower bound);"
-          "\nchecks: validate, snapshot, check_stream_ops and already_processed inside the five public calls; floor:"
-          "\nobjects + checks. A floor near or above 100% of `leaves`: no time is left for the passes' own walks and"
-          "\ndecisions, so an implementation that builds the same output out of FX objects with these checks cannot meet"
-          "\nthe target on that graph. public (upstream rows): the same objects through FX's public calls and Inductor's"
-          "\n_create_subgraph_for_node, collector on, as torch 2.13 builds them: how much of torch's own time they are.")
+    print("\nseconds. table: bench_passes' aot (collector on: issue 23, item 1) or like (gc.disable() around both sides:"
+          "\nitem 2); target: times faster than torch; leaves: torch / target; streamnb: its own total in that table;"
+          "\nobjects: the output's FX objects built with no decision (a lower bound); checks: validate, snapshot,"
+          "\ncheck_stream_ops and already_processed inside the five public calls (measured in the aot run); floor:"
+          "\nobjects + checks. A floor near or above 100% of `leaves` leaves no time for the passes' own walks and"
+          "\ndecisions: an implementation that builds the same output out of FX objects with these checks cannot meet"
+          "\nthe target on that graph. public (aot, upstream rows): the same objects through FX's public calls and"
+          "\nInductor's _create_subgraph_for_node, collector on, as torch 2.13 builds them: that much of torch's time.")
     return 0
 
 
