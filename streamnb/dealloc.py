@@ -119,14 +119,15 @@ class _Timeline(IndexedDict):
     "An `IndexedDict` node -> finish time that also keeps its nodes and times in lists, for `_find_alloc_ptr`."
     def __init__(self):
         super().__init__()
-        self.nodes: list[Node] = []; self.times: list[float] = []; self.pos: dict[Node, int] = {}
+        self.nodes, self.pos = self._keys, self._pos   # IndexedDict's own: the nodes in order, and each one's index
+        self.times: list[float] = []
         self.sorted = True   # times never decrease (estimates are >= 0); checked, not assumed
     def __setitem__(self, node, t):
         if node in self: self.times[self.pos[node]] = t; self.sorted = False   # (populate never overwrites)
         else:
             self.sorted = self.sorted and (not self.times or t >= self.times[-1])
-            self.pos[node] = len(self.nodes); self.nodes.append(node); self.times.append(t)
-        super().__setitem__(node, t)
+            self.times.append(t)
+        super().__setitem__(node, t)   # (a new node: appended to `nodes`, its index in `pos`)
 
 # %% ../nbs/12_dealloc.ipynb #7fe6ede5
 def _populate(p: SeedDealloc, stream_to_timeline: dict, graph: Graph, stream_index: int | None) -> _Timeline:
