@@ -87,8 +87,10 @@ def run_counting_checks(row: str, gm) -> tuple[float, float]:
 
 
 def what_was_made(gm, before: set[Node], input_names: set[str]) -> tuple[list, list]:
-    """The new stream-op nodes of the processed `gm` (target, Node-argument count, other args) and its control_deps
-    nodes (sync target, its args with Node arguments as indices, number of deps, number passed through, sync is new)."""
+    """What the passes made in `gm` (`before`: its nodes before them; `input_names`: the input graph's node names):
+    the new bare stream-op nodes as (target, args), and the control_deps nodes as (the sync's target, its args, number
+    of deps, number of values passed through, whether the sync is new rather than the input's); a Node argument is
+    written `("node", i)`, `i` its place among the sync's Node arguments (0 for a bare op)."""
     ops, wraps = [], []
     for n in gm.graph.nodes:
         if n in before or n.op != "call_function" or n.target is operator.getitem: continue
