@@ -31,10 +31,13 @@ on time.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import gc
 import operator
 import sys
 import time
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -49,41 +52,33 @@ import streamnb.graph as G  # noqa: E402
 import streamnb.streamops as SO  # noqa: E402
 from streamnb.graph import is_control_deps  # noqa: E402
 
-CHECKS = ((G, "validate"), (G, "_Snapshot"), (G, "already_processed"), (SO, "check_stream_ops"))
+CHECKS = (G.validate, G._Snapshot, G.already_processed, SO.check_stream_ops)   # what every public pass runs first
 # bench_passes' table -> row -> target (times faster than torch 2.13): issue 23, item 1 (aot) and item 2 (like)
 TARGETS = {"aot": {"streamnb upstream": 3.0, "streamnb default": 2.0},
            "like": {"streamnb upstream": 2.0, "streamnb default": 1.5}}
 
 
-def collector_off(fn, *args, **kwargs):
-    "`fn(*args, **kwargs)` inside `gc.disable()` (the like-for-like table's condition), the collector restored after."
-    was = gc.isenabled()
-    gc.disable()
-    try: return fn(*args, **kwargs)
-    finally:
-        if was: gc.enable()
-
-
-def run_counting_checks(row: str, gm) -> tuple[float, float]:
-    "Run `row`'s five passes alone on `gm` (collector on); (total s with the gen-0 collection after, s in CHECKS)."
-    spent = [0.0]
-    real = {name: getattr(mod, name) for mod, name in CHECKS}
+def run_counting_checks(row: str, gm) -> tuple[float, float, collections.Counter]:
+    """Run `row`'s five passes alone on `gm` (collector on); (total s with the gen-0 collection after, s in CHECKS,
+    calls per check). Each check is timed wherever a streamnb module binds it (the passes import some by name)."""
+    spent, calls = [0.0], collections.Counter()
     def timed(f):
         def run(*a, **k):
+            calls[f.__name__] += 1
             t0 = time.perf_counter()
             try: return f(*a, **k)
             finally: spent[0] += time.perf_counter() - t0
         return run
-    for mod, name in CHECKS: setattr(mod, name, timed(real[name]))
-    try:
+    with contextlib.ExitStack() as patches:
+        for mod in [m for name, m in sys.modules.items() if name.split(".")[0] == "streamnb"]:
+            for attr, value in list(vars(mod).items()):
+                if any(value is f for f in CHECKS): patches.enter_context(mock.patch.object(mod, attr, timed(value)))
         gc.collect()
         t0 = time.perf_counter()
         B.ALONE[row](gm, {})
         gc.collect(0)   # what the passes made while they paused the collector (bench_passes.timed_run does the same)
         total = time.perf_counter() - t0
-    finally:
-        for mod, name in CHECKS: setattr(mod, name, real[name])
-    return total, spent[0]
+    return total, spent[0], calls
 
 
 def what_was_made(gm, before: set[Node], input_names: set[str]) -> tuple[list, list]:
@@ -122,27 +117,29 @@ def build_objects(ops: list, wraps: list, public: bool = False) -> tuple[float, 
     node_args = lambda args: tuple(pool[a[1]] if isinstance(a, tuple) and a[:1] == ("node",) else a for a in args)
     bare = [None if new else call(g, t, node_args(args)) for t, args, _, _, new in wraps]   # the input's syncs
     gc.collect()
-    was = gc.isenabled()
-    if not public: gc.disable()
     t0 = time.perf_counter()
-    for target, args in ops: call(g, target, node_args(args))
-    for (target, args, n_deps, n_pass, _), sync in zip(wraps, bare):
-        sync = sync or call(g, target, node_args(args))
-        deps, passed = pool[:n_deps], pool[n_deps:n_deps + n_pass]
-        sub = subgraph(g, sync, passed)
-        name = F.subgraph_name(gm, sync.name)
-        setattr(gm, name, sub)
-        with g.inserting_before(sync):
-            get = get_attr(g, name)
-            ctrl = call(g, control_deps, (tuple(deps), get, *passed))
-        with g.inserting_after(ctrl):
-            for i, p in enumerate(passed): call(g, operator.getitem, (ctrl, i + 1)).meta.update(p.meta)
-        sync.replace_all_uses_with(ctrl)
-        g.erase_node(sync)
-    if was:   # (called inside gc.disable(), for the like-for-like table: no collection at all)
-        gc.enable()
-        gc.collect(0)   # (with the collector on throughout, this one finds little left)
+    with contextlib.nullcontext() if public else F.paused_gc():
+        for target, args in ops: call(g, target, node_args(args))
+        for (target, args, n_deps, n_pass, _), sync in zip(wraps, bare):
+            sync = sync or call(g, target, node_args(args))
+            deps, passed = pool[:n_deps], pool[n_deps:n_deps + n_pass]
+            sub = subgraph(g, sync, passed)
+            name = F.subgraph_name(gm, sync.name)
+            setattr(gm, name, sub)
+            with g.inserting_before(sync):
+                get = get_attr(g, name)
+                ctrl = call(g, control_deps, (tuple(deps), get, *passed))
+            with g.inserting_after(ctrl):
+                for i, p in enumerate(passed): call(g, operator.getitem, (ctrl, i + 1)).meta.update(p.meta)
+            sync.replace_all_uses_with(ctrl)
+            g.erase_node(sync)
+    if gc.isenabled(): gc.collect(0)   # (inside gc.disable(), for the like-for-like table: no collection at all)
     return time.perf_counter() - t0, gm
+
+
+def like_for_like(ops: list, wraps: list) -> float:
+    "`build_objects` inside `gc.disable()`, the like-for-like table's condition."
+    with F.paused_gc(): return build_objects(ops, wraps)[0]
 
 
 def main(argv=None) -> int:
@@ -162,14 +159,14 @@ def main(argv=None) -> int:
             for row in TARGETS["aot"]:
                 gm = B.copy_as(base, "lazy")
                 before = set(gm.graph.nodes)
-                total = {"aot": run_counting_checks(row, gm)}
+                total = {"aot": run_counting_checks(row, gm)[:2]}
                 ops, wraps = what_was_made(gm, before, input_names)
                 n_out = len(gm.graph.nodes)
                 del gm, before
                 checks = total["aot"][1]
                 total = {"aot": total["aot"][0], "like": run("like", row)}
                 objects = {"aot": min(build_objects(ops, wraps)[0] for _ in range(2)),
-                           "like": min(collector_off(build_objects, ops, wraps)[0] for _ in range(2))}
+                           "like": min(like_for_like(ops, wraps) for _ in range(2))}
                 public = build_objects(ops, wraps, public=True)[0] if row == "streamnb upstream" else None
                 for path, targets in TARGETS.items():
                     leaves, floor = torch_total[path] / targets[row], objects[path] + checks
