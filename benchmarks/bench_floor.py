@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     print(B.describe_code())
     print(f"\n{'table':<6}{'shape':<9}{'size':>7}{'out':>8} {'row':<18}{'torch':>7}{'target':>8}{'leaves':>8}"
-          f"{'streamnb':>9}{'objects':>9}{'checks':>8}{'floor':>8}{'floor/leaves':>13}{'public':>8}")
+          f"{'streamnb':>9}{'objects':>9}{'checks':>8}{'floor':>8}{'floor/leaves':>13}{'x floor':>8}{'public':>8}")
     for shape in a.shapes:
         for size in a.sizes:
             base = B.build(shape, size)
@@ -172,17 +172,18 @@ def main(argv=None) -> int:
                     leaves, floor = torch_total[path] / targets[row], objects[path] + checks
                     print(f"{path:<6}{shape:<9}{size:>7}{n_out:>8} {row:<18}{torch_total[path]:>7.2f}"
                           f"{targets[row]:>7.1f}x{leaves:>8.2f}{total[path]:>9.2f}{objects[path]:>9.2f}{checks:>8.2f}"
-                          f"{floor:>8.2f}{floor / leaves:>12.0%}"
+                          f"{floor:>8.2f}{floor / leaves:>12.0%}{total[path] / floor:>7.2f}x"
                           + (f"{public:>8.2f}" if public is not None and path == "aot" else ""), flush=True)
             del base
     print("\nseconds. table: bench_passes' aot (collector on: issue 23, item 1) or like (gc.disable() around both sides:"
           "\nitem 2); target: times faster than torch; leaves: torch / target; streamnb: its own total in that table;"
           "\nobjects: the output's FX objects built with no decision (a lower bound); checks: validate, snapshot,"
           "\ncheck_stream_ops and already_processed inside the five public calls (measured in the aot run); floor:"
-          "\nobjects + checks. A floor near or above 100% of `leaves` leaves no time for the passes' own walks and"
-          "\ndecisions: an implementation that builds the same output out of FX objects with these checks cannot meet"
-          "\nthe target on that graph. public (aot, upstream rows): the same objects through FX's public calls and"
-          "\nInductor's _create_subgraph_for_node, collector on, as torch 2.13 builds them: that much of torch's time.")
+          "\nobjects + checks; x floor: streamnb / floor. A floor near or above 100% of `leaves` leaves no time for the"
+          "\npasses' own walks and decisions: an implementation that builds the same output out of FX objects with these"
+          "\nchecks cannot meet the target on that graph. public (aot, upstream rows): the same objects through FX's public"
+          "\ncalls and Inductor's _create_subgraph_for_node, collector on, as torch 2.13 builds them: that much of torch's"
+          "\ntime.")
     return 0
 
 
