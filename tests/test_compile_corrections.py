@@ -33,47 +33,6 @@ def test_correction_14_the_seed_fails_on_it():
     assert "depends on native_layer_norm, a node with several outputs" in str(e.value) and "correction 14" in str(e.value)
 
 
-class SplitOnTheSide(torch.nn.Module):
-    """A user's forward written with the `torch.cuda` API (as prefetching code is): a side stream made in `forward`,
-    `wait_stream`, a `split` whose two views are read on the current stream after an event join, and
-    `record_stream` on one of them. `split_with_sizes` is a node with several outputs: correction 14's case with views."""
-    def __init__(self):
-        super().__init__()
-        self.w1, self.w2 = torch.nn.Parameter(torch.randn(16, 16)), torch.nn.Parameter(torch.randn(16, 16))
-
-    def forward(self, x):
-        cur, side = torch.cuda.current_stream(), torch.cuda.Stream()
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):
-            a, b = torch.relu(x @ self.w1).split([4, 12], dim=1)
-            done = torch.cuda.Event()
-            done.record()
-        cur.wait_event(done)
-        b.record_stream(cur)
-        return (a * 2).sum() + (b @ self.w2[:12]).sum()
-
-
-@pytest.mark.parametrize("upstream", [False, True])
-def test_split_views_joined_by_an_event_through_compile(upstream):
-    "The default compiles it and gives eager's gradients; the seed's record depends on the split tuple and fails."
-    from streamnb.capturing import cpu_streams
-    torch.manual_seed(0)
-    model, xs = SplitOnTheSide(), (torch.randn(8, 16, requires_grad=True),)
-    with cpu_streams():
-        if upstream:
-            with pytest.raises(CompileFailure, match="Expected split_with_sizes to be a tensor") as e:
-                compile_and_run(model, xs, cpu_as="meta", upstream=True)
-            assert "depends on split_with_sizes, a node with several outputs" in str(e.value)
-            return
-        sw, graphs, out, grads, pgrads = compile_and_run(model, xs, cpu_as="meta")
-    assert_eager(model, xs, out, grads, pgrads)
-    report = sw.explain(graphs).reports
-    assert [len(r.errors) for r in report.values()] == [0, 0]
-    fw = graphs["forward"][0]
-    assert not any(d.target is torch.ops.aten.split_with_sizes.default
-                   for n in fw.graph.nodes if n.target is torch.ops.higher_order.control_deps for d in n.args[0])
-
-
 def test_a_compiled_forward_race_is_reported():
     "The side stream reads `h` (made on the current stream) with no wait: `explain` of the compiled graphs names it."
     from streamnb.capturing import cpu_streams
