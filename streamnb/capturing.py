@@ -114,6 +114,18 @@ def _cause(e: BaseException, cls: type) -> BaseException | None:
         e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
     return e
 
+def _host_queries(gm: GraphModule) -> list[str]:
+    "Where dynamo's graph `gm` asks a stream or event `query()`: `line N of fn (code)`, from each call's stack trace."
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_method" or n.target != "query": continue
+        lines = (n.meta.get("stack_trace") or "").rstrip().splitlines()
+        at = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+        m = re.search(r"line (\d+), in (\S+)", lines[at[-1]]) if at else None
+        code = lines[at[-1] + 1].strip() if at and at[-1] + 1 < len(lines) else ""
+        out.append(f"line {m[1]} of {m[2]} ({code})" if m else "a call without a stack trace")
+    return out
+
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
     which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
@@ -141,7 +153,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
             raise CaptureError(f"the program reads a tensor that is neither an input nor a parameter or buffer (shape "
                                f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
                                "input, or make the program an nn.Module that holds it")
-        got["order"] = order
+        got["order"], got["queries"] = order, _host_queries(gm)
         return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
     with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
         try:
@@ -440,6 +452,12 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     notes = [] if streams else [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. "
                                 "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use stream objects "
                                 "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'."]
+    if got.get("queries"):   # dynamo bakes the answer in: the trace keeps one branch of a program that branches on it
+        where = "; ".join(dict.fromkeys(got["queries"]))   # (two calls on one line: named once)
+        notes.append(f"{name} asks a stream or event whether its work is done (query(): {where}). "
+                     "dynamo takes the answer it got while tracing as a constant, so this graph, like what torch.compile "
+                     "makes of the program, keeps that answer; on a GPU it depends on timing. A branch on it is judged "
+                     "on one side only: order the work with wait_stream, wait_event or synchronize instead.")
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
     # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),

@@ -261,3 +261,24 @@ def test_saved_tensors_hooks_are_refused_saying_why(frontend, hooks):
                        r"backward without such hooks") as e:
         capture(m, torch.randn(4, 8, requires_grad=True), frontend=frontend)
     assert "streamnb cannot judge it" in str(e.value)
+
+
+def test_a_query_is_named_in_a_note():
+    """`Stream.query()` and `Event.query()` depend on timing, and dynamo bakes the answer it got while tracing into the
+    graph: explain must say that the program it judged keeps one branch, naming each call's line once."""
+    def polls(x, w):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            y = torch.relu(x @ w)
+            done = torch.cuda.Event()
+            done.record()
+        idle = side.query()
+        if idle and done.query() and done.query(): return (y * 2).sum()
+        return y.sum()
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    text = streamnb.explain(polls, *xs).summary_text()
+    assert "judged on one side only" in text, text
+    (note,) = capture(polls, *xs).notes
+    first = polls.__code__.co_firstlineno
+    assert f"line {first + 6} of polls (idle = side.query())" in note, note
+    assert note.count(f"line {first + 7} of polls (if idle and done.query()") == 1, note   # two calls, one line
