@@ -114,17 +114,26 @@ def _cause(e: BaseException, cls: type) -> BaseException | None:
         e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
     return e
 
+def _where(n: Node) -> str:
+    "`line N of fn (code)`: the user's line that made dynamo's node `n`, from its stack trace."
+    lines = (n.meta.get("stack_trace") or "").rstrip().splitlines()
+    at = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    m = re.search(r"line (\d+), in (\S+)", lines[at[-1]]) if at else None
+    code = lines[at[-1] + 1].strip() if at and at[-1] + 1 < len(lines) else ""
+    return f"line {m[1]} of {m[2]} ({code})" if m else "a call without a stack trace"
+
 def _host_queries(gm: GraphModule) -> list[str]:
-    "Where dynamo's graph `gm` asks a stream or event `query()`: `line N of fn (code)`, from each call's stack trace."
-    out = []
-    for n in gm.graph.nodes:
-        if n.op != "call_method" or n.target != "query": continue
-        lines = (n.meta.get("stack_trace") or "").rstrip().splitlines()
-        at = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
-        m = re.search(r"line (\d+), in (\S+)", lines[at[-1]]) if at else None
-        code = lines[at[-1] + 1].strip() if at and at[-1] + 1 < len(lines) else ""
-        out.append(f"line {m[1]} of {m[2]} ({code})" if m else "a call without a stack trace")
-    return out
+    "Where dynamo's graph `gm` asks a stream or event `query()`."
+    return [_where(n) for n in gm.graph.nodes if n.op == "call_method" and n.target == "query"]
+
+def _vanished_copies(gm: GraphModule) -> list[str]:
+    """Where dynamo's graph `gm` makes a `non_blocking` `.to(...)` that moves nothing here (its tensor is already on
+    that device, as a `.to("cpu")` is on a CPU): AOTAutograd's graph has no node for it."""
+    def device(v): return getattr(v, "device", None)
+    return [_where(n) for n in gm.graph.nodes
+            if n.op == "call_method" and n.target in ("to", "cuda") and n.kwargs.get("non_blocking")
+            and isinstance(n.args[0], Node) and device(n.meta.get("example_value")) is not None
+            and device(n.meta.get("example_value")) == device(n.args[0].meta.get("example_value"))]
 
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
@@ -153,7 +162,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
             raise CaptureError(f"the program reads a tensor that is neither an input nor a parameter or buffer (shape "
                                f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
                                "input, or make the program an nn.Module that holds it")
-        got["order"], got["queries"] = order, _host_queries(gm)
+        got["order"], got["queries"], got["vanished"] = order, _host_queries(gm), _vanished_copies(gm)
         return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
     with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
         try:
@@ -449,9 +458,18 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")
     streams = graph_streams(joint)
     on_device(joint, device)
+    synced = not streams and any(decode(n, joint) is not None for n in joint.graph.nodes)
     notes = [] if streams else [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. "
                                 "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use stream objects "
-                                "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'."]
+                                "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'." if not synced else
+                                f"{name} has stream ops but no op of its trace runs on a side stream: its stream regions "
+                                "hold no op in the graph, so no access across streams is there to judge."]
+    if got.get("vanished"):   # a `.to(device, non_blocking=True)` of a tensor already there: no node, nothing to check
+        where = "; ".join(dict.fromkeys(got["vanished"]))
+        notes.append(f"{name} copies with non_blocking=True ({where}), but the tensor is already on that device on this "
+                     "machine, so the trace has no copy and nothing here checks it. On the device it is an asynchronous "
+                     "copy: whoever reads its result (the host too) must wait for its stream first. Judge this program "
+                     "where the copy is real (a machine with the device).")
     if got.get("queries"):   # dynamo bakes the answer in: the trace keeps one branch of a program that branches on it
         where = "; ".join(dict.fromkeys(got["queries"]))   # (two calls on one line: named once)
         notes.append(f"{name} asks a stream or event whether its work is done (query(): {where}). "

@@ -282,3 +282,29 @@ def test_a_query_is_named_in_a_note():
     first = polls.__code__.co_firstlineno
     assert f"line {first + 6} of polls (idle = side.query())" in note, note
     assert note.count(f"line {first + 7} of polls (if idle and done.query()") == 1, note   # two calls, one line
+
+
+def test_a_copy_this_machine_cannot_see_is_named_in_a_note():
+    """`h.to("cpu", non_blocking=True)` of a CPU tensor is no copy: the graph has no node for it, so a clean verdict
+    would be about a program without the copy. The note names the line; a dtype change and a blocking copy get none."""
+    def offload(x, w):
+        side = torch.cuda.Stream()
+        h = torch.relu(x @ w)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            saved = h.to("cpu", non_blocking=True)
+            half = h.to(torch.float16)
+        return (h * 2).sum() + saved.sum() + half.sum()
+    def blocking(x, w):
+        side = torch.cuda.Stream()
+        h = torch.relu(x @ w)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            saved = h.to("cpu")
+        return (h * 2).sum() + saved.sum()
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    first = offload.__code__.co_firstlineno
+    copies = [n for n in capture(offload, *xs).notes if "non_blocking=True" in n]
+    assert len(copies) == 1 and f"line {first + 5} of offload (saved = h.to(" in copies[0], copies
+    assert "copies with non_blocking=True" in streamnb.explain(offload, *xs).summary_text()
+    assert not [n for n in capture(blocking, *xs).notes if "non_blocking" in n]
