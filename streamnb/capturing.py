@@ -31,7 +31,7 @@ from .streamops import decode
 
 # %% auto #0
 __all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
-           'CPUStream', 'CPUEvent', 'cpu_streams', 'tag_custom_backward', 'on_device', 'graph_streams',
+           'CPUStream', 'CPUEvent', 'cpu_streams', 'dynamo_notes', 'tag_custom_backward', 'on_device', 'graph_streams',
            'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause', 'RunResult',
            'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
 
@@ -135,6 +135,22 @@ def _vanished_copies(gm: GraphModule) -> list[str]:
             and isinstance(n.args[0], Node) and device(n.meta.get("example_value")) is not None
             and device(n.meta.get("example_value")) == device(n.args[0].meta.get("example_value"))]
 
+def dynamo_notes(gm: GraphModule) -> list[str]:
+    """What dynamo's graph `gm` shows and no graph after it does: `query()` calls, whose answer dynamo took as a
+    constant, and `non_blocking` copies that move nothing on this machine. A note for each kind, naming the lines."""
+    notes = []
+    if queries := "; ".join(dict.fromkeys(_host_queries(gm))):   # (two calls on one line: named once)
+        notes.append(f"The program asks a stream or event whether its work is done (query(): {queries}). dynamo "
+                     "takes the answer it got while tracing as a constant, so this graph, like what torch.compile "
+                     "makes of the program, keeps that answer; on a GPU it depends on timing. A branch on it is judged "
+                     "on one side only: order the work with wait_stream, wait_event or synchronize instead.")
+    if copies := "; ".join(dict.fromkeys(_vanished_copies(gm))):
+        notes.append(f"The program copies with non_blocking=True ({copies}), but the tensor is already on that device "
+                     "on this machine, so the trace has no copy and nothing here checks it. On the device it is an "
+                     "asynchronous copy: whoever reads its result (the host too) must wait for its stream first. Judge "
+                     "this program where the copy is real (a machine with the device).")
+    return notes
+
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
     which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
@@ -162,7 +178,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
             raise CaptureError(f"the program reads a tensor that is neither an input nor a parameter or buffer (shape "
                                f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
                                "input, or make the program an nn.Module that holds it")
-        got["order"], got["queries"], got["vanished"] = order, _host_queries(gm), _vanished_copies(gm)
+        got["order"], got["dynamo_notes"] = order, dynamo_notes(gm)
         return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
     with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
         try:
@@ -464,18 +480,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                                 "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'." if not synced else
                                 f"{name} has stream ops but no op of its trace runs on a side stream: its stream regions "
                                 "hold no op in the graph, so no access across streams is there to judge."]
-    if got.get("vanished"):   # a `.to(device, non_blocking=True)` of a tensor already there: no node, nothing to check
-        where = "; ".join(dict.fromkeys(got["vanished"]))
-        notes.append(f"{name} copies with non_blocking=True ({where}), but the tensor is already on that device on this "
-                     "machine, so the trace has no copy and nothing here checks it. On the device it is an asynchronous "
-                     "copy: whoever reads its result (the host too) must wait for its stream first. Judge this program "
-                     "where the copy is real (a machine with the device).")
-    if got.get("queries"):   # dynamo bakes the answer in: the trace keeps one branch of a program that branches on it
-        where = "; ".join(dict.fromkeys(got["queries"]))   # (two calls on one line: named once)
-        notes.append(f"{name} asks a stream or event whether its work is done (query(): {where}). "
-                     "dynamo takes the answer it got while tracing as a constant, so this graph, like what torch.compile "
-                     "makes of the program, keeps that answer; on a GPU it depends on timing. A branch on it is judged "
-                     "on one side only: order the work with wait_stream, wait_event or synchronize instead.")
+    notes += got.get("dynamo_notes", [])   # what only dynamo's graph showed
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
     # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),

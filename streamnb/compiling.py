@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import inspect
 import re
+import textwrap
 import warnings
 from typing import Callable
 
@@ -21,15 +22,15 @@ from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import decode, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
-from .capturing import (add_control_deps_vals, forward_deps_of_backward_syncs, partition_cause, run_graph,
-                                tag_custom_backward)
+from .capturing import (add_control_deps_vals, dynamo_notes, forward_deps_of_backward_syncs, partition_cause,
+                                run_graph, tag_custom_backward)
 from torch.fx import Node
 from .exercises import count_syncs
 from .explainer import table_lines
 from .plot import plot_timeline
 from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import operator
 from .graph import is_control_deps
 
@@ -305,16 +306,22 @@ def diagnose(gm: GraphModule, error: str = "") -> str | None:
 
 # %% ../nbs/20_compile.ipynb #2f0f6e77
 def executor_backend(graphs: dict | None = None, executor: Callable = run_graph):
-    "A `torch.compile` backend: AOTAutograd, then each forward/backward graph run by `executor(gm, *args) -> list`; the graphs go into `graphs`."
+    """A `torch.compile` backend: AOTAutograd, then each forward/backward graph run by `executor(gm, *args) -> list`;
+    the graphs go into `graphs`, each with `meta["streamnb_notes"]`: what only dynamo's graph of its frame showed
+    (`capturing.dynamo_notes`), for `explain_compiled` to print."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     graphs = {} if graphs is None else graphs
-    def compiler(kind):
-        def compile_graph(gm, example_inputs):
-            graphs.setdefault(kind, []).append(gm)
-            return make_boxed_func(lambda *args: executor(gm, *args))
-        return compile_graph
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
+    def backend(frame_gm, frame_inputs):
+        notes = dynamo_notes(frame_gm)
+        def compiler(kind):
+            def compile_graph(gm, example_inputs):
+                gm.meta["streamnb_notes"] = notes
+                graphs.setdefault(kind, []).append(gm)
+                return make_boxed_func(lambda *args: executor(gm, *args))
+            return compile_graph
+        return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(frame_gm, frame_inputs)
+    return backend
 
 # %% ../nbs/20_compile.ipynb #cc11c129
 def canonical_modulo_inputs(gm: GraphModule) -> list[tuple]:
@@ -351,6 +358,7 @@ class CompiledExplanation:
     reports: dict[str, Report]         # sanitize(graph)
     reorder_reports: dict[str, Report] # sanitize(graph, reorder=True)
     device: str
+    notes: list[str] = field(default_factory=list)   # what only dynamo's graphs showed (`executor_backend`'s notes)
 
     def summary(self) -> list[dict]:
         "One row per compiled graph: nodes, estimated makespan and peak memory, syncs, sanitizer errors."
@@ -363,6 +371,7 @@ class CompiledExplanation:
         "The summary as a fixed-width table, then the first error of each graph that has one."
         lines = table_lines(self.summary(), ["graph", "nodes", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors"])
         lines += [f"{k}: {r.errors[0].message.splitlines()[0]}" for k, r in self.reports.items() if r.errors]
+        lines += [textwrap.fill(n, 110, subsequent_indent="  ") for n in self.notes]
         return "\n".join(lines)
 
     def plot_timelines(self):
@@ -386,4 +395,5 @@ def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegis
         return CompiledExplanation(
             graphs=named, device=device, timelines={k: simulate(g, device=device, name=k) for k, g in named.items()},
             reports={k: sanitize(g) for k, g in named.items()},
-            reorder_reports={k: sanitize(g, reorder=True) for k, g in named.items()})
+            reorder_reports={k: sanitize(g, reorder=True) for k, g in named.items()},
+            notes=list(dict.fromkeys(n for g in named.values() for n in g.meta.get("streamnb_notes", ()))))

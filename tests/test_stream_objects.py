@@ -308,3 +308,23 @@ def test_a_copy_this_machine_cannot_see_is_named_in_a_note():
     assert len(copies) == 1 and f"line {first + 5} of offload (saved = h.to(" in copies[0], copies
     assert "copies with non_blocking=True" in streamnb.explain(offload, *xs).summary_text()
     assert not [n for n in capture(blocking, *xs).notes if "non_blocking" in n]
+
+
+def test_compiled_programs_get_dynamo_notes_too():
+    "Through `torch.compile` with `executor_backend`, `sw.explain` prints what only dynamo's graph showed (a query)."
+    from streamnb.compiling import executor_backend, use_streamnb_passes
+    def polls(x, w):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            y = torch.relu(x @ w)
+        torch.cuda.current_stream().wait_stream(side)
+        return (y * 2).sum() if side.query() else y.sum()
+    torch._dynamo.reset()
+    graphs: dict = {}
+    with use_streamnb_passes(cpu_as="meta") as sw, cpu_streams():
+        torch.compile(polls, backend=executor_backend(graphs))(torch.randn(4, 4, requires_grad=True),
+                                                              torch.randn(4, 4, requires_grad=True)).backward()
+    cx = sw.explain(graphs)
+    assert len(cx.notes) == 1 and f"line {polls.__code__.co_firstlineno + 5} of polls" in cx.notes[0], cx.notes
+    assert "judged on one side only" in cx.summary_text()
+    assert all(g.meta["streamnb_notes"] == cx.notes for gms in graphs.values() for g in gms)
