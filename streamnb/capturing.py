@@ -138,6 +138,7 @@ def _vanished_copies(gm: GraphModule) -> list[str]:
 def dynamo_notes(gm: GraphModule) -> list[str]:
     """What dynamo's graph `gm` shows and no graph after it does: `query()` calls, whose answer dynamo took as a
     constant, and `non_blocking` copies that move nothing on this machine. A note for each kind, naming the lines."""
+    check_graph_module(gm)
     notes = []
     if queries := "; ".join(dict.fromkeys(_host_queries(gm))):   # (two calls on one line: named once)
         notes.append(f"The program asks a stream or event whether its work is done (query(): {queries}). dynamo "
