@@ -475,7 +475,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")
     streams = graph_streams(joint)
     on_device(joint, device)
-    synced = not streams and any(decode(n, joint) is not None for n in joint.graph.nodes)
+    synced = not streams and _names_streams(joint)   # (no annotation: so a stream op)
     notes = [] if streams else [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. "
                                 "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use stream objects "
                                 "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'." if not synced else
