@@ -88,9 +88,18 @@ def cpu_streams(eager: bool = False):
         return any_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
     def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
     the_current = lambda device=None: current
+    stream_method = S.StreamVariable.call_method
+    def call_method(self, tx, name, args, kwargs):   # `s.record_event()`: dynamo asks the real stream for the event,
+        if name == "record_event" and not args and not kwargs:   # which a CPU stream cannot make; hand it a new
+            from torch._dynamo.graph_bytecode_inputs import register_graph_created_object   # torch.Event to record,
+            made = S.EventVariable.make_construct_in_graph_event_fn(S.TupleVariable([]), S.ConstDictVariable({}))
+            event = torch.Event()                    # rebuilt in the compiled code as dynamo rebuilds its own: torch.Event()
+            args = [S.EventVariable(None, event, register_graph_created_object(event, made))]
+        return stream_method(self, tx, name, args, kwargs)
     with contextlib.ExitStack() as stack:
         enter = lambda p: stack.enter_context(p)
         enter(mock.patch.object(S.SymbolicStreamState, "__init__", state_init))
+        enter(mock.patch.object(S.StreamVariable, "call_method", call_method))
         # torch.accelerator.current_stream itself stays (dynamo knows that function) but answers `current`: dynamo's
         # guards and the compiled code ask it for the ambient stream
         enter(mock.patch.object(acc, "_get_device_index", lambda device=None, optional=False: 0))

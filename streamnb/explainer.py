@@ -100,12 +100,14 @@ class Explanation:
     progress: list[str] = field(default_factory=list)
     forward_syncs: bool = False   # did the default mode insert the forward's syncs?
     seed_failure: str | None = None   # the seed's passes failed on the program (then `modes` has no "upstream")
+    written: Report | None = None   # sanitize(forward before the passes): the program as written, as eager runs it
 
     def summary(self) -> list[dict]:
         """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
-        sanitizer errors (`fw_errors`); partition; matches eager."""
+        sanitizer errors (`fw_errors`; before the passes: the forward as the program wrote it); partition; matches eager."""
         rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None, fw_errors=None,
+                     syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None,
+                     fw_errors=None if self.written is None else len(self.written.errors),
                      partitions=True, matches_eager=None)]
         if self.seed_failure is not None:
             rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
@@ -120,7 +122,7 @@ class Explanation:
     def forward_note(self) -> str | None:
         "What the forward's sanitizer found, said plainly: torch's stream passes sync the backward only."
         r = self.modes["default"]
-        if not r.forward_report.errors: return None
+        if not r.forward_report.errors: return self._written_note()
         first = r.forward_report.errors[0].message.splitlines()[0]
         if self.forward_syncs:   # cannot happen unless a rule is wrong: say so rather than hide it
             return f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. The first: {first}"
@@ -129,6 +131,20 @@ class Explanation:
                 f"program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current stream uses "
                 f"what `side` made). `explain(..., forward_syncs=True)` (CLI: --forward-syncs) inserts them with the "
                 f"default's rules, beyond PyTorch. The first: {first}")
+
+    def _written_note(self) -> str | None:
+        "What the forward as written gets wrong that the default's processed forward does not (eager runs it as written)."
+        fixed = {(e.kind, e.nodes) for e in self.modes["default"].forward_report.errors}
+        only = [e for e in (self.written.errors if self.written is not None else ()) if (e.kind, e.nodes) not in fixed]
+        if not only: return None
+        only.sort(key=lambda e: e.kind != "race")   # a race first: the one to fix first
+        kinds = ", ".join(f"{sum(e.kind == k for e in only)} {k}" for k in dict.fromkeys(e.kind for e in only))
+        why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
+               "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
+               "reads, and waits for that stream)")
+        return (f"forward: the program as written has {len(only)} sanitizer error(s) ({kinds}) that the default's "
+                f"processed forward does not: {why}. Eager PyTorch runs the program as written, and torch 2.13's passes "
+                f"(the upstream row) add no forward sync: fix the program. The first: {only[0].message.splitlines()[0]}")
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
@@ -198,7 +214,7 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
                 if not upstream: raise
                 seed_failure = f"{type(e).__name__}: {e}"
     ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs,
-                     seed_failure=seed_failure)
+                     seed_failure=seed_failure, written=sanitize(cap.forward, registry=registry))
     if show: show_explanation(ex)
     return ex
 
@@ -208,5 +224,6 @@ def show_explanation(ex: Explanation) -> None:
     for r in ex.modes.values():
         print(f"\n--- sanitizer, {r.mode} passes ---\n{r.report}")
         if r.reorder_report.errors: print(f"--- with reorder=True ---\n{r.reorder_report}")
+    if ex.written is not None and ex.written.errors: print(f"\n--- sanitizer, the forward as written ---\n{ex.written}")
     print(f"\n--- sanitizer, the forward (default passes) ---\n{ex.modes['default'].forward_report}")
     ex.plot_timelines(); ex.plot_forward(); ex.plot_memory()

@@ -226,7 +226,7 @@ def test_explain_judges_the_forward():
         return (y * 2).sum()
     xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
     bad, good = streamnb.explain(no_join, *xs), streamnb.explain(with_join, *xs)
-    assert [r["fw_errors"] for r in good.summary()] == [None, 0, 0]
+    assert [r["fw_errors"] for r in good.summary()] == [0, 0, 0]   # before the passes: the forward as written
     # no_join: mul reads relu unordered, and the forward returns relu (saved for the backward) unjoined
     assert [(e.kind, e.nodes) for e in bad.modes["default"].forward_report.errors] == [
         ("race", ("mul", "relu")), ("unjoined_output", ("output", "relu"))]
@@ -234,6 +234,73 @@ def test_explain_judges_the_forward():
     assert "the forward's syncs are the program's job" in bad.summary_text()
     assert "forward:" not in good.summary_text()
     assert good.modes["default"].forward_timeline.makespan > 0
+
+
+def test_stream_record_event_without_an_event():
+    """`e = side.record_event()`: dynamo asks the real stream for the event, which a CPU stream cannot make (before:
+    "cpu backend doesn't support events"). Under cpu_streams it traces as `torch.cuda.Event()` + `e.record()` does, and
+    compiles and runs; without the wait the race is named."""
+    def prog(x, w, wait=True):
+        cur, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            a = x @ w
+            e = side.record_event()
+        if wait: e.wait()
+        a.record_stream(cur)
+        return (a * 2).sum()
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    c = capture(prog, *xs)
+    ops = [(n.target.__name__.split(".")[0], n.args) for n in c.forward.graph.nodes if decode(n) is not None]
+    assert [(k, a) for k, a in ops if k != "record_stream"] == [("wait_stream", (1, 0)), ("record_event", (2, 1)), ("wait_event", (2, 0))]
+    torch.testing.assert_close(c.process().run(*xs), c.eager(*xs))
+    assert streamnb.explain(prog, *xs).written.errors == []
+    racy = streamnb.explain(lambda x, w: prog(x, w, wait=False), *xs)
+    assert ("race", ("mul", "mm")) in [(e.kind, e.nodes) for e in racy.written.errors]
+    from test_compile import compile_and_run
+    with cpu_streams():
+        sw, graphs, out, grads, _ = compile_and_run(prog, xs, cpu_as="meta")
+    torch.testing.assert_close(out, c.eager(*xs).outputs)
+    assert sw.explain(graphs).reports["forward 0"].errors == []
+
+
+def test_explain_judges_the_program_as_written():
+    """A race the default's processed forward does not have, because a correction-22 `sync_dealloc` happens to order
+    it, is still the program's: eager and torch 2.13's compiled forward race. explain said 0 forward errors and nothing
+    else (before `Explanation.written`); it now counts the forward as written and says what the default hides."""
+    def s2_not_joined(x, w):
+        cur, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+        s1.wait_stream(cur)
+        with torch.cuda.stream(s1):
+            a = x @ w
+            s2.wait_stream(s1)
+            with torch.cuda.stream(s2):
+                b = torch.relu(a)
+            c = a + 1
+        cur.wait_stream(s1)
+        return (b + c).sum()
+    def joined(x, w):
+        cur, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+        s1.wait_stream(cur)
+        with torch.cuda.stream(s1):
+            a = x @ w
+            s2.wait_stream(s1)
+            with torch.cuda.stream(s2):
+                b = torch.relu(a)
+            c = a + 1
+        cur.wait_stream(s1); cur.wait_stream(s2)
+        a.record_stream(s2); b.record_stream(cur); c.record_stream(cur)
+        return (b + c).sum()
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    bad, good = streamnb.explain(s2_not_joined, *xs), streamnb.explain(joined, *xs)
+    race = ("race", ("add_1", "relu"))
+    assert race in [(e.kind, e.nodes) for e in bad.written.errors]
+    assert race in [(e.kind, e.nodes) for e in bad.modes["upstream"].forward_report.errors]
+    assert bad.modes["default"].forward_report.errors == [] and bad.modes["default"].matches_eager
+    assert bad.summary()[0]["fw_errors"] == len(bad.written.errors) > 0
+    text = bad.summary_text()
+    assert "the program as written has" in text and "fix the program" in text and "data race on tensor relu" in text
+    assert good.written.errors == [] and good.forward_note() is None and "as written" not in good.summary_text()
 
 
 class OffloadInHooks(torch.nn.Module):
