@@ -23,7 +23,7 @@ from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['ModeResult', 'table_lines', 'Explanation', 'explain', 'show_explanation']
+__all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'explain', 'show_explanation']
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -142,9 +142,10 @@ class Explanation:
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
                "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
                "reads, and waits for that stream)")
+        eager = "Eager PyTorch runs the program as written (its stream objects), and " if self.capture.frontend == "dynamo" else ""
         return (f"forward: the program as written has {len(only)} sanitizer error(s) ({kinds}) that the default's "
-                f"processed forward does not: {why}. Eager PyTorch runs the program as written, and torch 2.13's passes "
-                f"(the upstream row) add no forward sync: fix the program. The first: {only[0].message.splitlines()[0]}")
+                f"processed forward does not: {why}. {eager}torch 2.13's passes (the upstream row) add no forward "
+                f"sync: fix the program. The first: {only[0].message.splitlines()[0]}")
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
@@ -189,6 +190,17 @@ class Explanation:
         "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
+def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
+    """`sanitize` of `cap`'s forward before any pass: the program as eager PyTorch runs it. A value returned only to be
+    saved for the backward is not an unjoined output there (eager's backward reads it on the stream that made it)."""
+    report = sanitize(cap.forward, registry=registry)
+    returned = copy.deepcopy(cap.forward)   # the forward returning the program's outputs only, for the output check
+    out = returned.graph.output_node()
+    out.args = (tuple(out.args[0][:cap.num_fwd_outputs]),)
+    unjoined = [(e.nodes, e.streams) for e in sanitize(returned, registry=registry).errors if e.kind == "unjoined_output"]
+    report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
+    return report
+
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
             show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto",
             forward_syncs: bool = False) -> Explanation:
@@ -213,8 +225,9 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
             except StreamnbError as e:   # the seed's passes refuse the program: the default's may not (a correction)
                 if not upstream: raise
                 seed_failure = f"{type(e).__name__}: {e}"
+        written = as_written(cap, registry)
     ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs,
-                     seed_failure=seed_failure, written=sanitize(cap.forward, registry=registry))
+                     seed_failure=seed_failure, written=written)
     if show: show_explanation(ex)
     return ex
 

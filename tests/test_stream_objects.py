@@ -13,6 +13,7 @@ import torch.nn as nn
 
 import streamnb
 from streamnb.capturing import CaptureError, CPUEvent, CPUStream, TraceError, capture, cpu_streams, eager
+from streamnb.sanitizer import sanitize
 from streamnb.streamops import decode
 
 
@@ -301,6 +302,27 @@ def test_explain_judges_the_program_as_written():
     text = bad.summary_text()
     assert "the program as written has" in text and "fix the program" in text and "data race on tensor relu" in text
     assert good.written.errors == [] and good.forward_note() is None and "as written" not in good.summary_text()
+
+
+def test_as_written_counts_the_programs_outputs_not_the_saved_values():
+    """Eager's backward reads a value saved for it on the stream that made it: only an output the program returns must
+    be joined. `relu` is saved for the backward (not returned) in the first program, returned in the second."""
+    def saved(x, w):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): y = torch.relu(x @ w)
+        return (y * 2).sum()   # a race, and `relu`, saved for relu's backward, is returned unjoined
+    def returned(x, w):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): y = torch.relu(x @ w)
+        return y   # the caller reads it on the current stream
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    got = lambda r: [(e.kind, e.nodes) for e in r.errors]
+    cap = capture(saved, *xs)
+    assert got(sanitize(cap.forward)) == [("race", ("mul", "relu")), ("unjoined_output", ("output", "relu"))]
+    assert got(streamnb.explainer.as_written(cap)) == [("race", ("mul", "relu"))]
+    assert got(streamnb.explainer.as_written(capture(returned, *xs))) == [("unjoined_output", ("output", "relu"))]
 
 
 class OffloadInHooks(torch.nn.Module):
