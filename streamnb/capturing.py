@@ -358,6 +358,7 @@ class Capture:
     partitioner: str = "default"
     processed: dict | None = None      # None, or how `process` was called
     frontend: str = "aot"              # the frontend that traced it ("aot" or "dynamo")
+    custom_backward: frozenset = frozenset()   # the names of the nodes of custom autograd.Function backwards (dynamo)
 
     @property
     def module(self) -> nn.Module | None: return self.fn if isinstance(self.fn, nn.Module) else None
@@ -478,7 +479,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                 again = None
             if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
     joint, meta = got["joint"], got["fw_metadata"]
-    if used == "dynamo": tag_custom_backward(joint)       # a custom autograd.Function's backward: its tags
+    custom = tag_custom_backward(joint) if used == "dynamo" else []   # a custom autograd.Function's backward: its tags
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
         raise CaptureError(f"{name} mutates an input or buffer (e.g. BatchNorm's running stats in training mode): "
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")
@@ -496,7 +497,8 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=spec_box[0],
                    num_fwd_outputs=got["num_fwd_outputs"], joint_inputs=got["joint_inputs"], fw_metadata=meta,
-                   streams=streams, notes=notes, primal_order=got["order"], current_stream=0, frontend=used)
+                   streams=streams, notes=notes, primal_order=got["order"], current_stream=0, frontend=used,
+                   custom_backward=frozenset(n.name for n in custom))
 
 # %% ../nbs/16_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,

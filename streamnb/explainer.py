@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import Graph, GraphModule, Node
 
 from .capturing import Capture, PartitionError, capture
-from .graph import StreamnbError, StreamRegistry, use_registry
+from .graph import StreamnbError, StreamRegistry, get_stream, use_registry
 from .exercises import count_syncs
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
@@ -23,7 +23,7 @@ from .sanitizer import Report, sanitize
 from .simulator import Timeline, simulate
 
 # %% auto #0
-__all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'explain', 'show_explanation']
+__all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'custom_backward_as_written', 'explain', 'show_explanation']
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -90,6 +90,10 @@ def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
     lines.insert(1, "  ".join("-" * x for x in w))
     return lines
 
+def _kinds(errors: list) -> str:
+    "`2 race, 1 unsafe_reuse`: how many findings of each kind, in the order they first appear."
+    return ", ".join(f"{sum(e.kind == k for e in errors)} {k}" for k in dict.fromkeys(e.kind for e in errors))
+
 @dataclass
 class Explanation:
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
@@ -101,12 +105,16 @@ class Explanation:
     forward_syncs: bool = False   # did the default mode insert the forward's syncs?
     seed_failure: str | None = None   # the seed's passes failed on the program (then `modes` has no "upstream")
     written: Report | None = None   # sanitize(forward before the passes): the program as written, as eager runs it
+    written_backward: Report | None = None   # its custom autograd.Function backwards as written (None: it has none)
+    backward_unjudged: list[str] = field(default_factory=list)   # the calls of those it could not judge
 
     def summary(self) -> list[dict]:
         """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
-        sanitizer errors (`fw_errors`; before the passes: the forward as the program wrote it); partition; matches eager."""
+        sanitizer errors (`fw_errors`); partition; matches eager. Before the passes: the forward as the program wrote
+        it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none)."""
         rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.backward), errors=None, reorder_errors=None,
+                     syncs=count_syncs(self.capture.backward), reorder_errors=None,
+                     errors=None if self.written_backward is None else len(self.written_backward.errors),
                      fw_errors=None if self.written is None else len(self.written.errors),
                      partitions=True, matches_eager=None)]
         if self.seed_failure is not None:
@@ -138,7 +146,7 @@ class Explanation:
         only = [e for e in (self.written.errors if self.written is not None else ()) if (e.kind, e.nodes) not in fixed]
         if not only: return None
         only.sort(key=lambda e: e.kind != "race")   # a race first: the one to fix first
-        kinds = ", ".join(f"{sum(e.kind == k for e in only)} {k}" for k in dict.fromkeys(e.kind for e in only))
+        kinds = _kinds(only)
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
                "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
                "reads, and waits for that stream)")
@@ -146,6 +154,24 @@ class Explanation:
         return (f"forward: the program as written has {len(only)} sanitizer error(s) ({kinds}) that the default's "
                 f"processed forward does not: {why}. {eager}torch 2.13's passes (the upstream row) add no forward "
                 f"sync: fix the program. The first: {only[0].message.splitlines()[0]}")
+
+    def backward_note(self) -> str | None:
+        "What the custom `autograd.Function` backwards as written get wrong (eager runs them as written)."
+        errors = sorted(self.written_backward.errors if self.written_backward is not None else (),
+                        key=lambda e: e.kind != "race")
+        said = []
+        if errors:
+            said.append(f"backward: the custom autograd.Function backward(s) as written have {len(errors)} sanitizer "
+                        f"error(s) ({_kinds(errors)}). The autograd engine syncs what goes into and out of a Function's "
+                        f"backward on the stream its forward ran on, not the streams inside it, so eager PyTorch runs "
+                        f"them as written; the stream passes sync only the compiled backward (the upstream and default "
+                        f"rows). Fix the backward (e.g. `torch.cuda.current_stream().wait_stream(side)` before it "
+                        f"returns what `side` made). The first: {errors[0].message.splitlines()[0]}")
+        if self.backward_unjudged:
+            said.append(f"backward: {len(self.backward_unjudged)} call(s) of a custom autograd.Function backward "
+                        f"({'; '.join(self.backward_unjudged)}) run on one side stream only, or start and end on two: the "
+                        f"graph does not say which stream the Function's forward ran on, so they were not judged as written")
+        return " ".join(said) or None
 
     def summary_text(self) -> str:
         "The summary as a fixed-width table."
@@ -157,7 +183,7 @@ class Explanation:
         if self.seed_failure is not None:
             notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
                             "streamnb's default rules process it (the README's corrections table says which rule differs)")
-        notes += [n for n in [self.forward_note()] if n]
+        notes += [n for n in [self.forward_note(), self.backward_note()] if n]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
@@ -201,6 +227,51 @@ def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
     report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
     return report
 
+def _call_of(n: Node):
+    "Which traced call of a Function's backward made `n`: dynamo's id of the subgraph it came from (None: not recorded)."
+    return getattr((n.meta.get("from_node") or [None])[0], "graph_id", None)
+
+def _one_call(region: list[Node], stream: int | None, registry: StreamRegistry | None) -> Report:
+    """`sanitize` of one call of a Function's backward as a program of its own, run on `stream`: each tensor it reads
+    from outside is handed over there (a copy on `stream`, named as the input), and what it returns is read there."""
+    g, env = Graph(), {}
+    for a in dict.fromkeys(a for n in region for a in n.all_input_nodes if a not in region):
+        meta = {k: v for k, v in a.meta.items() if k != "custom"}
+        env[a] = g.placeholder(f"{a.name}_in"); env[a].meta.update(meta)
+        if isinstance(meta.get("val"), torch.Tensor):
+            env[a] = g.create_node("call_function", torch.ops.aten.clone.default, (env[a],), name=a.name)
+            env[a].meta.update(meta, **({} if stream is None else {"custom": {"stream": stream}}))
+    for n in region: env[n] = g.node_copy(n, env.__getitem__)
+    handed = [v for v in env.values() if v.op != "placeholder" and v.target is torch.ops.aten.clone.default]
+    # what the engine reads, and the inputs: the engine frees those after the call (the graph would after their last use)
+    g.output((*(env[n] for n in region if any(u not in region for u in n.users)), *handed))
+    return sanitize(GraphModule(torch.nn.Module(), g), registry=registry,
+                    current_streams=None if stream is None else {stream})
+
+def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = None) -> tuple[Report | None, list[str]]:
+    """`sanitize` of `cap`'s custom `autograd.Function` backwards (`Capture.custom_backward`) as eager PyTorch runs them
+    (None if it has none), and the calls it could not judge. The autograd engine runs a Function's backward on the
+    stream its forward ran on, hands it its inputs ready there and reads what it returns there; the streams inside it
+    are the program's. Dynamo gives that stream's annotation to the nodes outside the backward's own `with` blocks, so
+    it is the current stream if a node of the call has none, or if the forward uses no side stream; else the one
+    stream of the call's that the forward also uses, if the call runs on more than one. A call that does not say which
+    (all of it inside `with` blocks, where the forward uses side streams) is not judged."""
+    calls: dict = {}
+    for n in cap.backward.graph.nodes:
+        if n.name in cap.custom_backward: calls.setdefault(_call_of(n), []).append(n)
+    if not calls: return None, []
+    forward = {get_stream(n) for n in cap.forward.graph.nodes} | {None}   # where a Function's forward may have run
+    report, unjudged = Report(), []
+    for region in calls.values():
+        on = {get_stream(n) for n in region}
+        there = on & forward
+        if None in on or (not there and forward == {None}): stream = None   # a node outside its `with` blocks: current
+        elif len(on) > 1 and len(there) == 1: stream = there.pop()          # outside them, on the forward's stream
+        else: unjudged.append(f"{region[0].name} to {region[-1].name}"); continue
+        r = _one_call(region, stream, registry)
+        report.errors += r.errors; report.warnings += r.warnings
+    return report, unjudged
+
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
             show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto",
             forward_syncs: bool = False) -> Explanation:
@@ -225,9 +296,10 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
             except StreamnbError as e:   # the seed's passes refuse the program: the default's may not (a correction)
                 if not upstream: raise
                 seed_failure = f"{type(e).__name__}: {e}"
-        written = as_written(cap, registry)
+        written, (written_backward, unjudged) = as_written(cap, registry), custom_backward_as_written(cap, registry)
     ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs,
-                     seed_failure=seed_failure, written=written)
+                     seed_failure=seed_failure, written=written, written_backward=written_backward,
+                     backward_unjudged=unjudged)
     if show: show_explanation(ex)
     return ex
 
@@ -238,5 +310,6 @@ def show_explanation(ex: Explanation) -> None:
         print(f"\n--- sanitizer, {r.mode} passes ---\n{r.report}")
         if r.reorder_report.errors: print(f"--- with reorder=True ---\n{r.reorder_report}")
     if ex.written is not None and ex.written.errors: print(f"\n--- sanitizer, the forward as written ---\n{ex.written}")
+    if ex.backward_note(): print(f"\n--- sanitizer, the custom backwards as written ---\n{ex.written_backward}")
     print(f"\n--- sanitizer, the forward (default passes) ---\n{ex.modes['default'].forward_report}")
     ex.plot_timelines(); ex.plot_forward(); ex.plot_memory()

@@ -417,3 +417,66 @@ def test_compiled_programs_get_dynamo_notes_too():
     assert len(cx.notes) == 1 and f"line {polls.__code__.co_firstlineno + 5} of polls" in cx.notes[0], cx.notes
     assert "judged on one side only" in cx.summary_text()
     assert all(g.meta["streamnb_notes"] == cx.notes for gms in graphs.values() for g in gms)
+
+
+def _function(body):
+    "An `x @ w` autograd.Function whose backward is `body(x, w, g) -> (gx, gw)`."
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+        @staticmethod
+        def backward(ctx, g):
+            return body(*ctx.saved_tensors, g)
+    return F
+
+
+def _no_wait(x, w, g):   # the side stream reads x and g without waiting for the Function's stream
+    cur, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    with torch.cuda.stream(side): gw = x.t() @ g
+    gx = g @ w.t()
+    cur.wait_stream(side); gw.record_stream(cur)
+    return gx, gw
+
+
+def _all_on_side(x, w, g):
+    with torch.cuda.stream(torch.cuda.Stream()): return g @ w.t(), x.t() @ g
+
+
+def _synced(x, w, g):
+    cur, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(cur)
+    with torch.cuda.stream(side): gw = x.t() @ g
+    gx = g @ w.t()
+    cur.wait_stream(side); gw.record_stream(cur)
+    return gx, gw
+
+
+@pytest.mark.parametrize("applied", ["current", "side"])
+def test_custom_backward_as_written(applied):
+    """Eager's autograd engine runs a Function's backward on the stream its forward ran on; the streams inside are the
+    program's. The default's compiled backward is clean in every case (its passes add the syncs), so before
+    `custom_backward_as_written` explain said nothing of a custom backward that races in eager."""
+    def program(body):
+        fn = _function(body)
+        def prog(x, w):
+            if applied == "current": return torch.relu(fn.apply(x, w)).sum()
+            cur, s = torch.cuda.current_stream(), torch.cuda.Stream()
+            s.wait_stream(cur)
+            with torch.cuda.stream(s): y = fn.apply(x, w)   # the backward then runs on s
+            cur.wait_stream(s); y.record_stream(cur)
+            return torch.relu(y).sum()
+        return prog
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    got = {b.__name__: streamnb.explain(program(b), *xs) for b in (_no_wait, _all_on_side, _synced)}
+    assert all(ex.modes["default"].report.errors == [] for ex in got.values())
+    kinds = lambda ex: [(e.kind, e.nodes) for e in ex.written_backward.errors]
+    assert kinds(got["_no_wait"]) == [("race", ("mm_1", "primals_1")), ("race", ("mm_1", "threshold_backward"))]
+    assert "custom autograd.Function backward(s) as written have 2" in got["_no_wait"].summary_text()
+    assert kinds(got["_synced"]) == [] and got["_synced"].backward_note() is None
+    side = got["_all_on_side"]
+    if applied == "current":   # the forward has no side stream: the Function ran on the current one
+        assert ("unjoined_output", ("output", "mm_1")) in kinds(side) and not side.backward_unjudged
+    else:   # on s, or on the current stream with the whole backward on a side stream: the graph does not say
+        assert kinds(side) == [] and len(side.backward_unjudged) == 1 and "not judged" in side.backward_note()
