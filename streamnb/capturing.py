@@ -419,6 +419,12 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
             need = (f"torch {torch.__version__.split('+')[0]}'s dynamo has no rule for `{call.group(1)}` (its stream "
                     "rules are `torch.cuda.stream(s)` contexts, stream and event methods and `current_stream()`): switch "
                     "streams with `with torch.cuda.stream(s):` and name the current one with `torch.cuda.current_stream()`")
+        elif frontend != "aot" and (miss := re.search(r"module '([\w.]+)' has no attribute '(\w+)'|No module named "
+                                                      r"'([\w.]+)'", str(e))):
+            what = f"`{miss[2]}` as `{miss[1]}.{miss[2]}`" if miss[1] else f"a class or function in module `{miss[3]}`"
+            need = (f"dynamo looks {what} up by the module it names (`__module__`), and it is not there: code run "
+                    "with exec (nbdev_test, a runner) defines it outside that module. Define it in an importable "
+                    "module, or put it in the module it names: `setattr(sys.modules[F.__module__], F.__name__, F)`")
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
 

@@ -146,12 +146,11 @@ class Explanation:
         only = [e for e in (self.written.errors if self.written is not None else ()) if (e.kind, e.nodes) not in fixed]
         if not only: return None
         only.sort(key=lambda e: e.kind != "race")   # a race first: the one to fix first
-        kinds = _kinds(only)
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
                "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
                "reads, and waits for that stream)")
         eager = "Eager PyTorch runs the program as written (its stream objects), and " if self.capture.frontend == "dynamo" else ""
-        return (f"forward: the program as written has {len(only)} sanitizer error(s) ({kinds}) that the default's "
+        return (f"forward: the program as written has {len(only)} sanitizer error(s) ({_kinds(only)}) that the default's "
                 f"processed forward does not: {why}. {eager}torch 2.13's passes (the upstream row) add no forward "
                 f"sync: fix the program. The first: {only[0].message.splitlines()[0]}")
 
@@ -169,8 +168,8 @@ class Explanation:
                         f"returns what `side` made). The first: {errors[0].message.splitlines()[0]}")
         if self.backward_unjudged:
             said.append(f"backward: {len(self.backward_unjudged)} call(s) of a custom autograd.Function backward "
-                        f"({'; '.join(self.backward_unjudged)}) run on one side stream only, or start and end on two: the "
-                        f"graph does not say which stream the Function's forward ran on, so they were not judged as written")
+                        f"({'; '.join(self.backward_unjudged)}) run inside `with` blocks only: the graph does not say "
+                        f"which stream the Function's forward ran on, so they were not judged as written")
         return " ".join(said) or None
 
     def summary_text(self) -> str:
@@ -234,15 +233,15 @@ def _call_of(n: Node):
 def _one_call(region: list[Node], stream: int | None, registry: StreamRegistry | None) -> Report:
     """`sanitize` of one call of a Function's backward as a program of its own, run on `stream`: each tensor it reads
     from outside is handed over there (a copy on `stream`, named as the input), and what it returns is read there."""
-    g, env = Graph(), {}
+    g, env, handed = Graph(), {}, []
     for a in dict.fromkeys(a for n in region for a in n.all_input_nodes if a not in region):
         meta = {k: v for k, v in a.meta.items() if k != "custom"}
         env[a] = g.placeholder(f"{a.name}_in"); env[a].meta.update(meta)
         if isinstance(meta.get("val"), torch.Tensor):
             env[a] = g.create_node("call_function", torch.ops.aten.clone.default, (env[a],), name=a.name)
             env[a].meta.update(meta, **({} if stream is None else {"custom": {"stream": stream}}))
+            handed.append(env[a])
     for n in region: env[n] = g.node_copy(n, env.__getitem__)
-    handed = [v for v in env.values() if v.op != "placeholder" and v.target is torch.ops.aten.clone.default]
     # what the engine reads, and the inputs: the engine frees those after the call (the graph would after their last use)
     g.output((*(env[n] for n in region if any(u not in region for u in n.users)), *handed))
     return sanitize(GraphModule(torch.nn.Module(), g), registry=registry,
@@ -310,6 +309,7 @@ def show_explanation(ex: Explanation) -> None:
         print(f"\n--- sanitizer, {r.mode} passes ---\n{r.report}")
         if r.reorder_report.errors: print(f"--- with reorder=True ---\n{r.reorder_report}")
     if ex.written is not None and ex.written.errors: print(f"\n--- sanitizer, the forward as written ---\n{ex.written}")
-    if ex.backward_note(): print(f"\n--- sanitizer, the custom backwards as written ---\n{ex.written_backward}")
+    if ex.written_backward is not None and ex.written_backward.errors:
+        print(f"\n--- sanitizer, the custom backwards as written ---\n{ex.written_backward}")
     print(f"\n--- sanitizer, the forward (default passes) ---\n{ex.modes['default'].forward_report}")
     ex.plot_timelines(); ex.plot_forward(); ex.plot_memory()

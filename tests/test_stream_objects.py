@@ -4,6 +4,7 @@
 import contextlib
 import io
 import itertools
+import re
 import textwrap
 from unittest import mock
 
@@ -480,3 +481,29 @@ def test_custom_backward_as_written(applied):
         assert ("unjoined_output", ("output", "mm_1")) in kinds(side) and not side.backward_unjudged
     else:   # on s, or on the current stream with the whole backward on a side stream: the graph does not say
         assert kinds(side) == [] and len(side.backward_unjudged) == 1 and "not judged" in side.backward_note()
+
+
+def test_a_function_outside_its_module_is_named():
+    """Code run with exec (nbdev_test, a runner) defines an autograd.Function outside the module it names; dynamo's
+    guard then fails to find it (`module '__main__' has no attribute 'F'`). The error says why and what to do."""
+    src = textwrap.dedent('''
+        import torch
+        class Exec(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x): return x * 2
+            @staticmethod
+            def backward(ctx, g):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side): r = g * 2
+                torch.cuda.current_stream().wait_stream(side)
+                return r
+        def prog(x): return Exec.apply(x).sum()
+    ''')
+    for module, named in (("__main__", "`Exec` as `__main__.Exec`"), ("not_a_module", "a class or function in module "
+                                                                             "`not_a_module`")):
+        scope = {"__name__": module}
+        exec(src, scope)
+        with pytest.raises(TraceError, match=re.escape(f"dynamo looks {named} up by the module it names") +
+                           ".*Define it in an importable module"):
+            capture(scope["prog"], torch.randn(3, requires_grad=True))
