@@ -423,8 +423,9 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
                                                       r"'([\w.]+)'", str(e))):
             what = f"`{miss[2]}` as `{miss[1]}.{miss[2]}`" if miss[1] else f"a class or function in module `{miss[3]}`"
             need = (f"dynamo looks {what} up by the module it names (`__module__`), and it is not there: code run "
-                    "with exec (nbdev_test, a runner) defines it outside that module. Define it in an importable "
-                    "module, or put it in the module it names: `setattr(sys.modules[F.__module__], F.__name__, F)`")
+                    "with exec or a runner (nbdev_test gives each notebook a `__main__` of its own; dynamo keeps "
+                    "the first) defines it outside that module: define it in a module the program imports, or hand "
+                    "it to the program as an argument or a closure")
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
 

@@ -505,5 +505,5 @@ def test_a_function_outside_its_module_is_named():
         scope = {"__name__": module}
         exec(src, scope)
         with pytest.raises(TraceError, match=re.escape(f"dynamo looks {named} up by the module it names") +
-                           ".*Define it in an importable module"):
+                           ".*define it in a module the program imports"):
             capture(scope["prog"], torch.randn(3, requires_grad=True))
