@@ -24,7 +24,10 @@ def test_pattern_explained(name, style):
     assert (de.error, de.matches_eager) == (None, True)
     assert not de.report.errors and not de.reorder_report.errors, str(de.report)
     fw = de.forward_report.errors
-    if style == "objects": assert not fw, str(de.forward_report)
+    if style == "objects":   # synced by the program: as written too (forward and custom backwards), as eager runs it
+        assert not fw, str(de.forward_report)
+        assert not ex.written.errors and not ex.backward_unjudged, (ex.written, ex.backward_unjudged)
+        assert (ex.written_backward is None) == (name != "async_grad_reduce") and not getattr(ex.written_backward, "errors", 0)
     elif name != "async_grad_reduce":
         assert fw and all(e.kind in ("race", "unsafe_reuse", "unjoined_output") for e in fw)
         assert "the forward's syncs are the program's job" in ex.summary_text()

@@ -5,7 +5,9 @@ import contextlib
 import io
 import itertools
 import re
+import sys
 import textwrap
+import types
 from unittest import mock
 
 import pytest
@@ -270,31 +272,22 @@ def test_explain_judges_the_program_as_written():
     """A race the default's processed forward does not have, because a correction-22 `sync_dealloc` happens to order
     it, is still the program's: eager and torch 2.13's compiled forward race. explain said 0 forward errors and nothing
     else (before `Explanation.written`); it now counts the forward as written and says what the default hides."""
-    def s2_not_joined(x, w):
-        cur, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
-        s1.wait_stream(cur)
-        with torch.cuda.stream(s1):
-            a = x @ w
-            s2.wait_stream(s1)
-            with torch.cuda.stream(s2):
-                b = torch.relu(a)
-            c = a + 1
-        cur.wait_stream(s1)
-        return (b + c).sum()
-    def joined(x, w):
-        cur, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
-        s1.wait_stream(cur)
-        with torch.cuda.stream(s1):
-            a = x @ w
-            s2.wait_stream(s1)
-            with torch.cuda.stream(s2):
-                b = torch.relu(a)
-            c = a + 1
-        cur.wait_stream(s1); cur.wait_stream(s2)
-        a.record_stream(s2); b.record_stream(cur); c.record_stream(cur)
-        return (b + c).sum()
+    def program(join: bool):
+        def prog(x, w):
+            cur, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+            s1.wait_stream(cur)
+            with torch.cuda.stream(s1):
+                a = x @ w
+                s2.wait_stream(s1)
+                with torch.cuda.stream(s2):
+                    b = torch.relu(a)
+                c = a + 1
+            cur.wait_stream(s1)   # s1 is joined; s2 only if `join`
+            if join: cur.wait_stream(s2); a.record_stream(s2); b.record_stream(cur); c.record_stream(cur)
+            return (b + c).sum()
+        return prog
     xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
-    bad, good = streamnb.explain(s2_not_joined, *xs), streamnb.explain(joined, *xs)
+    bad, good = streamnb.explain(program(False), *xs), streamnb.explain(program(True), *xs)
     race = ("race", ("add_1", "relu"))
     assert race in [(e.kind, e.nodes) for e in bad.written.errors]
     assert race in [(e.kind, e.nodes) for e in bad.modes["upstream"].forward_report.errors]
@@ -500,10 +493,13 @@ def test_a_function_outside_its_module_is_named():
                 return r
         def prog(x): return Exec.apply(x).sum()
     ''')
-    for module, named in (("__main__", "`Exec` as `__main__.Exec`"), ("not_a_module", "a class or function in module "
-                                                                             "`not_a_module`")):
+    # (not `__main__` itself: dynamo caches the module it first imports under a name, for the whole process)
+    empty = "streamnb_test_empty_module"
+    for module, named in ((empty, f"`Exec` as `{empty}.Exec`"), ("not_a_module", "a class or function in module "
+                                                                           "`not_a_module`")):
         scope = {"__name__": module}
         exec(src, scope)
-        with pytest.raises(TraceError, match=re.escape(f"dynamo looks {named} up by the module it names") +
-                           ".*define it in a module the program imports"):
+        with mock.patch.dict(sys.modules, {empty: types.ModuleType(empty)}), pytest.raises(
+                TraceError, match=re.escape(f"dynamo looks {named} up by the module it names") +
+                ".*define it in a module the program imports"):
             capture(scope["prog"], torch.randn(3, requires_grad=True))
