@@ -419,13 +419,11 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
             need = (f"torch {torch.__version__.split('+')[0]}'s dynamo has no rule for `{call.group(1)}` (its stream "
                     "rules are `torch.cuda.stream(s)` contexts, stream and event methods and `current_stream()`): switch "
                     "streams with `with torch.cuda.stream(s):` and name the current one with `torch.cuda.current_stream()`")
-        elif frontend != "aot" and (miss := re.search(r"module '([\w.]+)' has no attribute '(\w+)'|No module named "
-                                                      r"'([\w.]+)'", str(e))):
-            what = f"`{miss[2]}` as `{miss[1]}.{miss[2]}`" if miss[1] else f"a class or function in module `{miss[3]}`"
-            need = (f"dynamo looks {what} up by the module it names (`__module__`), and it is not there: code run "
-                    "with exec or a runner (nbdev_test gives each notebook a `__main__` of its own; dynamo keeps "
-                    "the first) defines it outside that module: define it in a module the program imports, or hand "
-                    "it to the program as an argument or a closure")
+        elif frontend != "aot" and (miss := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", str(e))):
+            need = (f"dynamo looks `{miss[2]}` up as `{miss[1]}.{miss[2]}` (the module it names), and it is not "
+                    "there: code run with exec or a runner (nbdev_test gives each notebook a `__main__` of its own; "
+                    "dynamo keeps the first) defines it outside that module: define it in a module the program "
+                    "imports, or hand it to the program as an argument or a closure")
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
 
