@@ -35,6 +35,9 @@ def write_explanation(ex, out: Path) -> list[Path]:
         files[f"backward_{m}.py"], files[f"forward_{m}.py"] = r.backward.code, r.forward.code
         files[f"sanitizer_{m}.txt"] = (f"backward, program order:\n{r.report}\n\nbackward, under reordering along data "
                                       f"edges:\n{r.reorder_report}\n\nforward, program order:\n{r.forward_report}\n")
+    backward = ("" if ex.written_backward is None else
+                f"\n\ncustom autograd.Function backwards, as written:\n{ex.written_backward}")
+    files["sanitizer_as_written.txt"] = f"forward, as written (what eager runs):\n{ex.written}{backward}\n"
     files["summary.txt"] = ex.summary_text() + "\n"
     for name, text in files.items(): (out / name).write_text(text, encoding="utf-8")
     pictures = (("timeline.png", ex.plot_timelines()), ("forward.png", ex.plot_forward()), ("memory.png", ex.plot_memory()))

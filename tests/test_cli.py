@@ -56,10 +56,12 @@ def test_explain_writes_what_demo_writes(src, tmp_path, capsys):
     assert main(["explain", f"{src}:factory", "--out", str(mine), "--quiet"]) == 0
     assert capsys.readouterr().out == demo_stdout
     names = sorted(p.name for p in demo.iterdir())
-    assert sorted(p.name for p in mine.iterdir()) == names and len(names) == 13
+    assert sorted(p.name for p in mine.iterdir()) == names and len(names) == 14
     for n in names:
         if n.endswith(".png"): assert (mine / n).stat().st_size > 0
         else: assert (mine / n).read_bytes() == (demo / n).read_bytes(), n
+    written = (mine / "sanitizer_as_written.txt").read_text()   # the demo's block marks regions and writes no sync
+    assert written.startswith("forward, as written (what eager runs):") and "5 error(s)" in written, written[-300:]
 
 
 def test_explain_small_model_and_a_bare_tensor(src, tmp_path, capsys):
