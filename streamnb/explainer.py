@@ -163,8 +163,8 @@ class Explanation:
             said.append(f"backward: the custom autograd.Function backward(s) as written have {len(errors)} sanitizer "
                         f"error(s) ({_kinds(errors)}). The autograd engine syncs what goes into and out of a Function's "
                         f"backward on the stream its forward ran on, not the streams inside it, so eager PyTorch runs "
-                        f"them as written; the stream passes sync only the compiled backward (the upstream and default "
-                        f"rows). Fix the backward (e.g. `torch.cuda.current_stream().wait_stream(side)` before it "
+                        f"them as written; the stream passes insert syncs in the compiled backward only (the upstream and "
+                        f"default rows). Fix the backward (e.g. `torch.cuda.current_stream().wait_stream(side)` before it "
                         f"returns what `side` made). The first: {errors[0].message.splitlines()[0]}")
         if self.backward_unjudged:
             said.append(f"backward: {len(self.backward_unjudged)} call(s) of a custom autograd.Function backward "
