@@ -240,6 +240,12 @@ def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> l
     "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
 
+def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
+    """The deps a joint graph's forward sync keeps: no input of the backward (a tangent), which the graph's inputs that
+    correction 12 and the seed's external `synchronize_event` order a sync after include."""
+    if sync.meta.get("partitioner_tag") not in FWD_TAGS: return deps
+    return [d for d in deps if not (d.op == "placeholder" and is_bwd_node(d))]
+
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
 def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
     """The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node (not an
@@ -465,7 +471,7 @@ class CorrectedWrap(_SyncAnchors):
         deps = list(dict.fromkeys(self.tuple_deps(w, self.backward_deps(w, node, deps))))   # (no repeats)
         return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
     def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:            # 7
-        return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else deps
+        return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else _drop_tangents(node, deps)
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
         extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
@@ -490,8 +496,9 @@ _CORRECTIONS = (   # (number, the method that implements it, what the seed does,
     (6, CorrectedWrap.consumers_inputs, "a consumer after a `wait_event` does not depend on it: a scheduler may hoist "
      "it (PyTorch #193409)", "its cross-stream inputs are threaded through the wait, and so is an input of an in-place "
      "write (or a read of memory written in place) that the wait orders"),
-    (7, CorrectedWrap.backward_deps, "backward syncs depend on forward values: AOTAutograd's partitioner rejects real "
-     "joint graphs", "backward syncs never depend on forward values"),
+    (7, CorrectedWrap.backward_deps, "backward syncs depend on forward values, and a forward `synchronize_event` on an "
+     "event recorded outside the graph on every input, the tangents too: AOTAutograd's partitioner rejects real joint "
+     "graphs", "backward syncs never depend on forward values, nor forward syncs on the backward's inputs"),
     (8, CorrectedWrap.stream_deps, "a sync right after another on its stream is left bare and can float",
      "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl"),
     (9, CorrectedWrap.record_deps, "`sync_dealloc` has no data edge from its `record_event`",

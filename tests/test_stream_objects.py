@@ -501,3 +501,33 @@ def test_a_function_outside_its_module_is_named():
             TraceError, match=re.escape(f"dynamo looks `Exec` up as `{empty}.Exec` (the module it names)") +
             ".*define it in a module the program imports"):
         capture(scope["prog"], torch.randn(3, requires_grad=True))
+
+
+with cpu_streams(eager=True): _READY = torch.cuda.Event()   # recorded by the caller, before the program runs
+
+
+def _waits_for_the_caller(x, w):
+    torch.cuda.current_stream().wait_event(_READY)   # e.g. a prefetcher's copy of the batch
+    return (x @ w).sum()
+
+
+def _host_waits_for_the_caller(x, w):
+    _READY.synchronize()
+    return (x @ w).sum()
+
+
+@pytest.mark.parametrize("prog", [_waits_for_the_caller, _host_waits_for_the_caller])
+def test_a_forward_sync_on_an_event_recorded_by_the_caller(prog):
+    """Correction 12 orders such a sync after the graph's inputs. In a joint graph those were every placeholder, the
+    tangents too: the forward `control_deps` then read a backward input, and AOTAutograd's partitioner rejected the
+    default's graph ("Node sum_1 was invalid, but is output"). Now a forward sync follows the forward's inputs only.
+    The seed wraps the wait after its stream's nodes only (it partitions), and its `synchronize_event` after every
+    placeholder (it does not)."""
+    xs = (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    ex = streamnb.explain(prog, *xs)
+    de, up = ex.modes["default"], ex.modes["upstream"]
+    assert (de.error, de.matches_eager) == (None, True)
+    ctrl = next(n for n in de.forward.graph.nodes if n.target is torch.ops.higher_order.control_deps)
+    assert [d.name for d in ctrl.args[0]] == ["primals_1", "primals_2"]
+    seed_fails = prog is _host_waits_for_the_caller
+    assert (up.error is not None) == seed_fails and (not seed_fails or "invalid, but is output" in up.error)
