@@ -531,3 +531,7 @@ def test_a_forward_sync_on_an_event_recorded_by_the_caller(prog):
     assert [d.name for d in ctrl.args[0]] == ["primals_1", "primals_2"]
     seed_fails = prog is _host_waits_for_the_caller
     assert (up.error is not None) == seed_fails and (not seed_fails or "invalid, but is output" in up.error)
+    from test_compile import compile_and_run   # and through torch.compile, as a user compiles it
+    with cpu_streams(): _, _, out, grads, _ = compile_and_run(prog, xs, cpu_as="meta")
+    want = ex.capture.eager(*xs)
+    torch.testing.assert_close((out, grads), (want.outputs, list(want.grads)))
