@@ -468,9 +468,9 @@ class CorrectedWrap(_SyncAnchors):
         deps = super().record_deps(w, record, deps)
         return deps + [t for t in _dealloc_tensors(w.deallocs.get(record, ())) if t not in deps]
     def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
-        deps = list(dict.fromkeys(self.tuple_deps(w, self.backward_deps(w, node, deps))))   # (no repeats)
+        deps = list(dict.fromkeys(self.tuple_deps(w, self.partition_deps(w, node, deps))))   # (no repeats)
         return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
-    def backward_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:            # 7
+    def partition_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:           # 7
         return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else _drop_tangents(node, deps)
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
@@ -496,7 +496,7 @@ _CORRECTIONS = (   # (number, the method that implements it, what the seed does,
     (6, CorrectedWrap.consumers_inputs, "a consumer after a `wait_event` does not depend on it: a scheduler may hoist "
      "it (PyTorch #193409)", "its cross-stream inputs are threaded through the wait, and so is an input of an in-place "
      "write (or a read of memory written in place) that the wait orders"),
-    (7, CorrectedWrap.backward_deps, "backward syncs depend on forward values, and a forward `synchronize_event` on an "
+    (7, CorrectedWrap.partition_deps, "backward syncs depend on forward values, and a forward `synchronize_event` on an "
      "event recorded outside the graph on every input, the tangents too: AOTAutograd's partitioner rejects real joint "
      "graphs", "backward syncs never depend on forward values, nor forward syncs on the backward's inputs"),
     (8, CorrectedWrap.stream_deps, "a sync right after another on its stream is left bare and can float",

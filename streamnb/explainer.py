@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -90,9 +91,11 @@ def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
     lines.insert(1, "  ".join("-" * x for x in w))
     return lines
 
-def _kinds(errors: list) -> str:
-    "`2 race, 1 unsafe_reuse`: how many findings of each kind, in the order they first appear."
-    return ", ".join(f"{sum(e.kind == k for e in errors)} {k}" for k in dict.fromkeys(e.kind for e in errors))
+def _summed(errors: list) -> tuple[str, str]:
+    "`3 sanitizer error(s) (2 race, 1 unsafe_reuse)`, races first, and the first line of the one to fix first."
+    errors = sorted(errors, key=lambda e: e.kind != "race")
+    kinds = ", ".join(f"{n} {k}" for k, n in Counter(e.kind for e in errors).items())
+    return f"{len(errors)} sanitizer error(s) ({kinds})", errors[0].message.splitlines()[0]
 
 @dataclass
 class Explanation:
@@ -145,27 +148,26 @@ class Explanation:
         fixed = {(e.kind, e.nodes) for e in self.modes["default"].forward_report.errors}
         only = [e for e in (self.written.errors if self.written is not None else ()) if (e.kind, e.nodes) not in fixed]
         if not only: return None
-        only.sort(key=lambda e: e.kind != "race")   # a race first: the one to fix first
+        count, first = _summed(only)
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
                "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
                "reads, and waits for that stream)")
         eager = "Eager PyTorch runs the program as written (its stream objects), and " if self.capture.frontend == "dynamo" else ""
-        return (f"forward: the program as written has {len(only)} sanitizer error(s) ({_kinds(only)}) that the default's "
-                f"processed forward does not: {why}. {eager}torch 2.13's passes (the upstream row) add no forward "
-                f"sync: fix the program. The first: {only[0].message.splitlines()[0]}")
+        return (f"forward: the program as written has {count} that the default's processed forward does not: {why}. "
+                f"{eager}torch 2.13's passes (the upstream row) add no forward sync: fix the program. The first: {first}")
 
     def backward_note(self) -> str | None:
         "What the custom `autograd.Function` backwards as written get wrong (eager runs them as written)."
-        errors = sorted(self.written_backward.errors if self.written_backward is not None else (),
-                        key=lambda e: e.kind != "race")
+        errors = self.written_backward.errors if self.written_backward is not None else []
         said = []
         if errors:
-            said.append(f"backward: the custom autograd.Function backward(s) as written have {len(errors)} sanitizer "
-                        f"error(s) ({_kinds(errors)}). The autograd engine syncs what goes into and out of a Function's "
-                        f"backward on the stream its forward ran on, not the streams inside it, so eager PyTorch runs "
-                        f"them as written; the stream passes insert syncs in the compiled backward only (the upstream and "
-                        f"default rows). Fix the backward (e.g. `torch.cuda.current_stream().wait_stream(side)` before it "
-                        f"returns what `side` made). The first: {errors[0].message.splitlines()[0]}")
+            count, first = _summed(errors)
+            said.append(f"backward: the custom autograd.Function backward(s) as written have {count}. The autograd "
+                        "engine syncs what goes into and out of a Function's backward on the stream its forward ran on, "
+                        "not the streams inside it, so eager PyTorch runs them as written; the stream passes insert "
+                        "syncs in the compiled backward only (the upstream and default rows). Fix the backward (e.g. "
+                        f"`torch.cuda.current_stream().wait_stream(side)` before it returns what `side` made). The "
+                        f"first: {first}")
         if self.backward_unjudged:
             said.append(f"backward: {len(self.backward_unjudged)} call(s) of a custom autograd.Function backward "
                         f"({'; '.join(self.backward_unjudged)}) run inside `with` blocks only: the graph does not say "

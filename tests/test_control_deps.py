@@ -348,7 +348,7 @@ def test_forward_syncs_keep_forward_deps(monkeypatch):
     wrap(a); wrap(up, upstream=True)
     assert [d.name for d in ctrls(a)[0].args[0]] == [d.name for d in ctrls(up)[0].args[0]] == ["sin", "mul", "cos"]
     with monkeypatch.context() as m:
-        m.setattr(cd.CorrectedWrap, "backward_deps", lambda self, w, node, deps: deps)   # correction 6 only
+        m.setattr(cd.CorrectedWrap, "partition_deps", lambda self, w, node, deps: deps)   # correction 6 only
         b = joint_record_wait("is_forward"); wrap(b)
     assert canonical(a) == canonical(b)
 
@@ -471,7 +471,7 @@ def test_correction_7_changes_nothing_without_forward_values(seed, monkeypatch):
         wrap(a)
     except UnknownEventError:
         pytest.skip("graph waits on an event recorded later")
-    monkeypatch.setattr(cd.CorrectedWrap, "backward_deps", lambda self, w, node, deps: deps)
+    monkeypatch.setattr(cd.CorrectedWrap, "partition_deps", lambda self, w, node, deps: deps)
     b = make(); wrap(b)
     assert canonical(a) == canonical(b)
 
