@@ -97,6 +97,8 @@ def _summed(errors: list) -> tuple[str, str]:
     kinds = ", ".join(f"{n} {k}" for k, n in Counter(e.kind for e in errors).items())
     return f"{len(errors)} sanitizer error(s) ({kinds})", errors[0].message.splitlines()[0]
 
+def _joined(*notes) -> str | None: return "\n".join(n for n in notes if n) or None   # one note a line
+
 @dataclass
 class Explanation:
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
@@ -133,20 +135,39 @@ class Explanation:
     def forward_note(self) -> str | None:
         "What the forward's sanitizer found, said plainly: torch's stream passes sync the backward only."
         r = self.modes["default"]
-        if not r.forward_report.errors: return self._written_note()
+        if not r.forward_report.errors: return _joined(self._entry_note(), self._written_note())
         first = r.forward_report.errors[0].message.splitlines()[0]
         if self.forward_syncs:   # cannot happen unless a rule is wrong: say so rather than hide it
-            return f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. The first: {first}"
-        return (f"forward: {len(r.forward_report.errors)} sanitizer error(s) in the default's forward. PyTorch's stream "
-                f"passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs are the "
-                f"program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current stream uses "
-                f"what `side` made). `explain(..., forward_syncs=True)` (CLI: --forward-syncs) inserts them with the "
-                f"default's rules, beyond PyTorch. The first: {first}")
+            return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. "
+                           f"The first: {first}", self._entry_note())
+        return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) in the default's forward. PyTorch's "
+                       f"stream passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs "
+                       f"are the program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current "
+                       f"stream uses what `side` made). `explain(..., forward_syncs=True)` (CLI: --forward-syncs) inserts "
+                       f"them with the default's rules, beyond PyTorch. The first: {first}", self._entry_note())
+
+    def _at_entry(self, e) -> bool:
+        "Is finding `e` of the program as written a side stream's read of a graph input (chapter 02, the edges)?"
+        return e.kind == "race" and e.nodes[1] in {n.name for n in self.capture.forward.graph.find_nodes(op="placeholder")}
+
+    def _entry_note(self) -> str | None:
+        "The program as written reads inputs on side streams with no wait: no pass inserts that sync (the compiled rows assume it)."
+        found = [e for e in (self.written.errors if self.written is not None else ()) if self._at_entry(e)]
+        if not found: return None
+        count, first = _summed(found)
+        fix = ("fix the program with `s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` "
+               "block" if self.capture.frontend == "dynamo" else "eager runs `annotate` regions on one stream, but "
+               "compiled they run on side streams, and no pass (torch 2.13's or streamnb's) orders a side stream after "
+               "the graph's entry yet")
+        return (f"forward: the program as written has {count} at its entry: a side stream reads an input the caller made "
+                f"on its current stream with nothing ordering it after that stream (the race PyTorch's CUDA notes warn "
+                f"about; the compiled rows assume the caller fenced it): {fix}. The first: {first}")
 
     def _written_note(self) -> str | None:
         "What the forward as written gets wrong that the default's processed forward does not (eager runs it as written)."
         fixed = {(e.kind, e.nodes) for e in self.modes["default"].forward_report.errors}
-        only = [e for e in (self.written.errors if self.written is not None else ()) if (e.kind, e.nodes) not in fixed]
+        only = [e for e in (self.written.errors if self.written is not None else ())
+                if (e.kind, e.nodes) not in fixed and not self._at_entry(e)]
         if not only: return None
         count, first = _summed(only)
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
@@ -184,7 +205,7 @@ class Explanation:
         if self.seed_failure is not None:
             notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
                             "streamnb's default rules process it (the README's corrections table says which rule differs)")
-        notes += [n for n in [self.forward_note(), self.backward_note()] if n]
+        notes += [line for n in [self.forward_note(), self.backward_note()] if n for line in n.split("\n")]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
@@ -218,13 +239,16 @@ class Explanation:
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
 def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
-    """`sanitize` of `cap`'s forward before any pass: the program as eager PyTorch runs it. A value returned only to be
-    saved for the backward is not an unjoined output there (eager's backward reads it on the stream that made it)."""
-    report = sanitize(cap.forward, registry=registry)
+    """`sanitize` of `cap`'s forward before any pass: the program as eager PyTorch runs it, its inputs made on the
+    caller's current stream (`inputs_ready="made"`, chapter 02), so a side stream that reads one without a wait races.
+    A value returned only to be saved for the backward is not an unjoined output there (eager's backward reads it on
+    the stream that made it)."""
+    report = sanitize(cap.forward, registry=registry, inputs_ready="made")
     returned = copy.deepcopy(cap.forward)   # the forward returning the program's outputs only, for the output check
     out = returned.graph.output_node()
     out.args = (tuple(out.args[0][:cap.num_fwd_outputs]),)
-    unjoined = [(e.nodes, e.streams) for e in sanitize(returned, registry=registry).errors if e.kind == "unjoined_output"]
+    unjoined = [(e.nodes, e.streams) for e in sanitize(returned, registry=registry, inputs_ready="made").errors
+                if e.kind == "unjoined_output"]
     report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
     return report
 

@@ -14,17 +14,19 @@ from torch.fx import GraphModule, Node
 
 from .graph import (StreamnbError, StreamRegistry, check_graph_module, flat_args, get_registry, get_stream, validate,
                             is_control_deps)
-from .streamops import (Storage, StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view,
-                                physical_stream,
+from .streamops import (Storage, StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode,
+                                input_streams, is_view, physical_stream,
                                 schema_args, storages)
 from .fastfx import paused_gc
 from .simulator import simulate
 
 # %% auto #0
-__all__ = ['unknown_streams', 'Finding', 'Report', 'sanitize']
+__all__ = ['unknown_streams', 'Finding', 'Report', 'on_input', 'sanitize']
 
 # %% ../nbs/07_sanitizer.ipynb #f82b5c7e
-def _sname(key) -> str: return "the current stream" if key is None else f"stream {key}"
+def _sname(key) -> str:
+    if isinstance(key, tuple): return f"the streams input {key[1]} is ready on"   # `VectorClocks.made_before`'s own stream
+    return "the current stream" if key is None else f"stream {key}"
 
 # %% ../nbs/07_sanitizer.ipynb #bc07c637
 def _tgt(n: Node) -> str:
@@ -33,7 +35,8 @@ def _tgt(n: Node) -> str:
 
 # %% ../nbs/07_sanitizer.ipynb #7059ecaa
 def _short(n: Node) -> str:
-    "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`."
+    "A one-line form of a node: `add_1 = aten.add.Tensor(mul, x)`; a graph input: `x (graph input, ...)`."
+    if n.op == "placeholder": return f"{n.name} (graph input, made before the graph)"
     args = ", ".join(a.name if isinstance(a, Node) else repr(a) for a in n.args)
     return f"{n.name} = {_tgt(n)}({args})"
 
@@ -133,14 +136,20 @@ class DataOrder:
     """What every topological order of the data edges guarantees. Per node and stream a bitset of the kernels known
     complete before that stream's later work (`HOST`: before every stream's); it flows only along data edges, so an
     int-only sync node that nothing depends on guarantees nothing. Each `record_event` also sets its own bit under
-    `MARK`, so `is_ancestor` can ask whether a wait depends on its record. `ops`: the graph's stream ops, decoded."""
-    def __init__(self, gm: GraphModule, ops: dict):
+    `MARK`, so `is_ancestor` can ask whether a wait depends on its record. `ops`: the graph's stream ops, decoded.
+    `ready`: each input -> the streams it is ready on (`input_streams`): it was made before the graph, so it is before
+    every node of those streams in every order (`base`, where each node's state starts)."""
+    def __init__(self, gm: GraphModule, ops: dict, ready: dict | None = None):
         # a bit per kernel (the only nodes `ordered` asks about) and, under MARK, one per record (the only nodes
         # `is_ancestor` asks about): the bitsets stay short, and joining them costs time linear in their length
-        self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n not in ops and _is_kernel(n))}
+        self.index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n not in ops and _is_kernel(n)
+                                                  or (ready or {}).get(n) is not None)}
         self.record_index = {n: i for i, n in enumerate(n for n, op in ops.items() if op.kind == "record_event")}
         self.after: dict = {}        # node -> {stream, HOST or MARK: bitset}
         self.snap: dict = {}         # record node -> the kernels it snapshots
+        self.base: dict = {}         # stream -> the inputs ready on it before the graph starts
+        for n, streams in (ready or {}).items():
+            for s in streams or (): self.base[s] = self.base.get(s, 0) | self.bit(n)
     def bit(self, n: Node) -> int: return 1 << self.index[n]
     def has(self, bits: int, n: Node) -> bool: return bool(bits >> self.index[n] & 1)
     def pre(self, n: Node) -> dict:
@@ -152,7 +161,7 @@ class DataOrder:
                 old = st.get(k)
                 if old is None: st[k] = v
                 elif old is not v: st[k] = old | v
-        return {} if st is None else st
+        return dict(self.base) if st is None else st
     @staticmethod
     def get(st: dict, s) -> int: return st.get(s, 0) | st.get(HOST, 0)
     def mark(self, n: Node, st: dict) -> None:
@@ -212,6 +221,18 @@ def _race_msg(t: Block, acc: Access, prev: Access) -> str:
             f"after {prev.node.name} on {_sname(prev.stream)} and a wait_event for it on {_sname(acc.stream)} before "
             f"{acc.node.name} would order them.")
 
+# %% ../nbs/07_sanitizer.ipynb #d59dc07b
+def _input_race_msg(t: Block, acc: Access, ready: tuple) -> str:
+    where = " and ".join(map(_sname, ready))
+    fix = ("`s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` block" if len(ready) == 1
+           else f"a wait for {where}")
+    return (f"streamnb detected a possible data race on graph input {t.name}, made before the graph on {where}\n"
+            f"Access by {_sname(acc.stream)} during kernel:\n{_acc_line(acc)}\n"
+            f"Nothing orders {acc.node.name} after the kernel that made {t.name} on {where} before the graph started: it "
+            f"may still be running. In the program: {fix}; in a graph: a record_event on {where} at the graph's entry "
+            f"and a wait_event for it on {_sname(acc.stream)} before {acc.node.name}. If {t.name} is ready there already "
+            f"(the caller synchronized), say so: sanitize(gm, inputs_ready={{{t.name!r}: ...}}).")
+
 # %% ../nbs/07_sanitizer.ipynb #1ebe7d1e
 def _reuse_msg(t: Block, freed_after: Node, acc: Access) -> str:
     return (f"streamnb detected a possible use of freed memory: tensor {t.name} (allocated on {_sname(t.stream)})\n"
@@ -262,7 +283,8 @@ def _reorder_free_msg(t: Block, freed_after: Node, prev: Access, why: str) -> st
 # %% ../nbs/07_sanitizer.ipynb #4e1cc4ce
 class _Sanitizer:
     "One walk over the graph in program order; the state of both models and the report."
-    def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None):
+    def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None,
+                 inputs_ready="everywhere"):
         self.gm, self.registry = gm, registry
         self.ops = check_stream_ops(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
         phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
@@ -278,7 +300,8 @@ class _Sanitizer:
             if t.freeable and not any(u.op == "output" for u in us):
                 self.frees.setdefault(max(us | {t.node}, key=pos.__getitem__), []).append(t)
         self.vc = VectorClocks()
-        self.do = DataOrder(gm, self.ops) if reorder else None
+        self.ready = input_streams(gm, registry, inputs_ready)   # each input -> the streams it is ready on (None: all)
+        self.do = DataOrder(gm, self.ops, self.ready) if reorder else None
         self.records: dict = {}      # event -> its last record_event node so far
         self.recorded_in_graph = {op.event for op in self.ops.values() if op.kind == "record_event"}   # events recorded
         self.waits: list = []        # (wait or sync_dealloc node, its stream, the record it waited for), in program order
@@ -300,6 +323,7 @@ class _Sanitizer:
             if op is not None: on_sync(self, n, op, st)
             elif _is_kernel(n): on_kernel(self, n, st)
             elif n.op == "output": on_output(self, n, st)
+            elif n.op == "placeholder": on_input(self, n)
             if self.do: self.do.after[n] = st
             for t in self.frees.get(n, ()): on_free(self, t, n)
         return self.report
@@ -334,7 +358,8 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
             if p.node is n or p.stream == s: continue
             what = "a write after a read" if acc.write and not p.write else "a write after a write" if acc.write else "a read after a write"
             if not san.vc.ordered(p, s):
-                san.flag("race", t, (n, p.node), (s, p.stream), _race_msg(t, acc, p))
+                msg = _input_race_msg(t, acc, san.ready[p.node]) if p.node.op == "placeholder" else _race_msg(t, acc, p)
+                san.flag("race", t, (n, p.node), (s, p.stream), msg)
             elif san.do is not None and not san.do.ordered(p, s, st):
                 why, pair = _missing_link(san, p, [n], s)
                 san.flag("reorderable", t, (n, p.node), (s, p.stream), _reorder_msg(t, acc, p, what, why), pair=pair)
@@ -344,6 +369,17 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
         t.last_use[s] = acc
         t.accesses.append(acc)
     if st is not None: st[s] = st.get(s, 0) | san.do.bit(n)
+
+# %% ../nbs/07_sanitizer.ipynb #b39eda78
+def on_input(san: _Sanitizer, n: Node) -> None:
+    "A graph input is a write made before the graph on the streams it is ready on (chapter 02, `input_streams`)."
+    if (ready := san.ready.get(n)) is None: return   # ready on every stream: nothing to order
+    s, seq = san.vc.made_before(("input", n.name), ready)
+    for t in _held(san.store.get(n)):
+        if t.node is not n: continue
+        acc = Access(n, s, seq, "the input", True)
+        t.last_write, t.last_use[s] = acc, acc
+        t.accesses.append(acc)
 
 # %% ../nbs/07_sanitizer.ipynb #6174322b
 def _no_record(san: _Sanitizer, n: Node, e, s) -> None:
@@ -515,7 +551,8 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, 
 # %% ../nbs/07_sanitizer.ipynb #07e86311
 @paused_gc()   # as the passes and simulate do (chapter 90): a call on a big graph never waits for the collector
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
-             current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None) -> Report:
+             current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None,
+             inputs_ready="everywhere") -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never
     recorded; with `reorder=True` also orderings that hold in program order but not along data edges; with `estimate`
     (seconds per node) also `sync_dealloc`s that stall their stream.
@@ -523,18 +560,23 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     Streams: unannotated nodes and the current-stream indices of `registry` (default: the active one) and of
     `current_streams` run on the current stream; every other index is a stream of its own. Given neither `registry` nor
     `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
-    warning that names them and lists the errors the graph would have if they were not."""
+    warning that names them and lists the errors the graph would have if they were not.
+
+    Inputs (chapter 02, `input_streams`): by default ready on every stream, as if an entry fence ordered each side
+    stream after the caller (the passes insert none: chapter 11). `inputs_ready="made"` judges the edges: each input was
+    made before the graph on the stream its node is annotated with, else on the caller's current stream, so a side
+    stream that reads it needs a wait; a dict names the exceptions."""
     check_graph_module(gm)
     ops = _check_args(gm, reorder, registry, current_streams, estimate)
     reg = registry if registry is not None else get_registry()
     unknown = _unknown_streams(gm, reg, ops) if registry is None and current_streams is None else {}
-    san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)), ops)
+    san = _Sanitizer(gm, reorder, _with_current(reg, set(current_streams or ()) | set(unknown)), ops, inputs_ready)
     report = san.run()
     if san.cpu_as_device:
         san.flag("cpu_values", None, (), (), "streamnb warning: every value of this graph is a CPU tensor and it names "
                  "streams (as a graph torch.compile hands a backend on a CPU): its tensors were checked as if they were "
                  "on the device. On a CPU the graph runs on one stream and cannot race.", severity="warning")
-    if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg, ops).run(), current_stream_key(reg))
+    if unknown: _unknown_warning(san, unknown, _Sanitizer(gm, reorder, reg, ops, inputs_ready).run(), current_stream_key(reg))
     if estimate is not None: _stalls(san, estimate)
     return report
 

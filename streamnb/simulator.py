@@ -17,8 +17,8 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from .graph import StreamnbError, StreamRegistry, check_graph_module, get_registry, get_stream, validate
-from .streamops import (StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, is_view, owner,
-                               physical_stream, storages)
+from .streamops import (StreamOp, VectorClocks, check_stream_ops, current_stream_key, decode, input_streams,
+                               is_view, owner, physical_stream, storages)
 from .cost import DeviceSpec, get_device_spec, get_roofline_estimate
 from .contention import ContendedClock, demand_function
 from .fastfx import paused_gc
@@ -217,7 +217,7 @@ def launch(st: SimState, node: Node, s: int, ms: float, inputs: list[Node]) -> N
     st.tl.spans[node.name] = (s, start, end); st.tl.busy[s] += ms
     st.tl.clocks[node.name] = dict(st.vc.clock(s))
     for b in inputs:
-        if b not in st.seq: continue          # placeholders: resident and ready before the graph starts
+        if b not in st.seq: continue          # an input ready everywhere: resident and ordered before the graph
         p, pk, pend = st.seq[b]
         if p == s: continue
         st.reads.setdefault(b, {})[s] = (k, node.name, end)   # the latest read of b on stream s
@@ -383,7 +383,7 @@ def _check_args(gm, cost, device, registry, launch_overhead, name) -> dict[Node,
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str | DeviceSpec = "H100", registry: StreamRegistry | None = None,
              launch_overhead: float | None = None, name: str | None = None,
-             contention: bool | Mapping | Callable = False) -> Timeline:
+             contention: bool | Mapping | Callable = False, inputs_ready="everywhere") -> Timeline:
     """Simulate `gm` on its streams: the host issues nodes in graph order, kernels take `cost(node)` ms (default: the
     roofline estimate on `device`), only streams and syncs order them. Returns a `Timeline`.
     `device`: a name of the device table (the ideal model) or a `DeviceSpec`, e.g. `calibrated("V100")` (chapter 03):
@@ -391,7 +391,9 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     sync costs the host, its `dispatch_us` (with contention) the device-wide gap between kernel starts.
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04a); or a table / function giving each kernel's
-    `Demand` by hand."""
+    `Demand` by hand. `inputs_ready`: where the graph's inputs are ready (chapter 02, `input_streams`; default: on
+    every stream); with `"made"`, a read on another stream than the one that made an input, with nothing ordering it, is
+    an `unordered_reads` entry (the input is resident from time 0 either way)."""
     ops = _check_args(gm, cost, device, registry, launch_overhead, name)
     reg = registry if registry is not None else get_registry()
     spec = get_device_spec(device)
@@ -401,6 +403,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     phys = lambda i: physical_stream(i, reg)
     cost_of = _cost_function(cost, device)
     nodes = list(gm.graph.nodes)
+    ready = input_streams(gm, reg, inputs_ready)
     mem = storages(gm)
     base: dict[Node, Node | None] = {n: owner(mem, n) for n in nodes}
     last = last_uses(nodes, base)
@@ -410,6 +413,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     for i, n in enumerate(nodes):
         if n.op == "placeholder":
             alloc(st, n, None, 0.0)          # the caller's memory: resident from t=0, never freed
+            if ready[n] is not None: st.seq[n] = (*st.vc.made_before(("input", n.name), ready[n]), 0.0)
         elif (op := ops.get(n)) is not None:
             _on_sync(st, op, phys, base)
         elif n.op in ("call_function", "call_method", "call_module") and not is_alias(n):

@@ -17,9 +17,10 @@ from .graph import (INT64_MAX, StreamnbError, StreamRegistry, check_graph_module
                             streams)
 
 # %% auto #0
-__all__ = ['OPS', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use', 'reserve_indices_in_use',
-           'current_stream_key', 'physical_stream', 'VectorClocks', 'schema_args', 'alias_source', 'is_view', 'Storage',
-           'storages', 'blocks', 'written_args', 'owner', 'aliases']
+__all__ = ['OPS', 'MADE', 'EVERYWHERE', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use',
+           'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks', 'input_streams',
+           'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'blocks', 'written_args', 'owner',
+           'aliases']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -260,6 +261,13 @@ class VectorClocks:
         self.seq += 1
         self.clock(s)[s] = self.seq
         return self.seq
+    def made_before(self, key, streams: tuple) -> tuple:
+        """A graph input, made before the graph and ready on `streams` (`input_streams`): a kernel of its own stream `key`
+        that each of `streams` knows. Returns (its stream, its number): the one stream if it is ready on one."""
+        if len(streams) == 1: return streams[0], self.launch(streams[0])
+        k = self.launch(key)
+        for s in streams: self.clock(s)[key] = k
+        return key, k
     def known(self, p, k, s) -> bool:
         "True if kernel number `k`, issued to stream `p`, is known complete before the next kernel of stream `s` starts."
         return k <= self.clock(s).get(p, 0)
@@ -296,6 +304,35 @@ class VectorClocks:
         elif k not in ("record_stream", "fork", "join"):   # they order nothing on the device
             raise StreamnbError(f"node {op.node.name}: no happens-before rule for stream op {k} (add it to VectorClocks.apply)")
         return True
+
+# %% ../nbs/02_streamops.ipynb #6fe7acbf
+MADE, EVERYWHERE = "made", "everywhere"
+
+def _ready_streams(name: str, v, registry: StreamRegistry) -> tuple | None:
+    "One `inputs_ready` value -> the physical streams it names (None: every stream)."
+    if v == EVERYWHERE: return None
+    vs = list(v) if isinstance(v, (list, tuple, set, frozenset)) else [v]
+    if not vs or not all(i is None or (isinstance(i, int) and not isinstance(i, bool)) for i in vs):
+        raise TypeError(f"inputs_ready[{name!r}]: expected a stream index, None (the current stream), a collection of "
+                        f"them or {EVERYWHERE!r}, got {v!r}")
+    return tuple(dict.fromkeys(physical_stream(i, registry) for i in vs))
+
+def input_streams(gm: GraphModule, registry: StreamRegistry | None = None, inputs_ready=MADE) -> dict[Node, tuple | None]:
+    """Each graph input (placeholder) -> the physical streams it is ready on when the graph starts (None: every stream).
+    `inputs_ready`: `"made"` (the stream its node is annotated with, else the current stream), `"everywhere"`, or a dict
+    of exceptions to `"made"` (see above)."""
+    check_graph_module(gm)
+    reg = registry if registry is not None else get_registry()
+    ins = {n: (physical_stream(get_stream(n), reg),) for n in gm.graph.find_nodes(op="placeholder")}
+    if inputs_ready == MADE: return ins
+    if inputs_ready == EVERYWHERE: return dict.fromkeys(ins)
+    if not isinstance(inputs_ready, dict):
+        raise TypeError(f"inputs_ready: expected {MADE!r}, {EVERYWHERE!r} or a dict of input names, got {inputs_ready!r}")
+    by_name = {n.name: n for n in ins}
+    if unknown := [k for k in inputs_ready if k not in by_name]:
+        raise StreamnbError(f"inputs_ready names {', '.join(map(repr, unknown))}, which this graph does not take as input; "
+                            f"its inputs: {', '.join(by_name) or 'none'}")
+    return {n: _ready_streams(n.name, inputs_ready[n.name], reg) if n.name in inputs_ready else s for n, s in ins.items()}
 
 # %% ../nbs/02_streamops.ipynb #a8d1604f
 def schema_args(n: Node) -> list:

@@ -61,7 +61,8 @@ def test_explain_writes_what_demo_writes(src, tmp_path, capsys):
         if n.endswith(".png"): assert (mine / n).stat().st_size > 0
         else: assert (mine / n).read_bytes() == (demo / n).read_bytes(), n
     written = (mine / "sanitizer_as_written.txt").read_text()   # the demo's block marks regions and writes no sync
-    assert written.startswith("forward, as written (what eager runs):") and "5 error(s)" in written, written[-300:]
+    assert written.startswith("forward, as written (what eager runs):") and "18 error(s)" in written, written[-300:]
+    assert written.count("data race on graph input") == 13   # its annotate regions read the inputs (chapter 02, the edges)
 
 
 def test_explain_small_model_and_a_bare_tensor(src, tmp_path, capsys):
