@@ -234,9 +234,11 @@ def _input_race_msg(t: Block, acc: Access, ready: tuple) -> str:
             f"(the caller synchronized), say so: sanitize(gm, inputs_ready={{{t.name!r}: ...}}).")
 
 # %% ../nbs/07_sanitizer.ipynb #1ebe7d1e
-def _reuse_msg(t: Block, freed_after: Node, acc: Access) -> str:
+def _reuse_msg(t: Block, freed_after: Node, acc: Access, reuser: Node | None = None) -> str:
+    nxt = f"{_sname(t.stream)}'s next kernel, {reuser.name}," if reuser is not None else f"the caller's later work on {_sname(t.stream)}"
     return (f"streamnb detected a possible use of freed memory: tensor {t.name} (allocated on {_sname(t.stream)})\n"
-            f"is freed after its last use {freed_after.name}, and its block goes back to {_sname(t.stream)}'s pool.\n"
+            f"is freed after its last use {freed_after.name}, and its block goes back to {_sname(t.stream)}'s pool; "
+            f"{nxt} may be handed it.\n"
             f"Access by {_sname(acc.stream)} during kernel:\n{_acc_line(acc)}\n"
             f"is not ordered before {_sname(t.stream)}'s later kernels, so a new allocation there may overwrite the block "
             f"while {acc.node.name} still runs. Record an event after {acc.node.name} and wait for it on "
@@ -307,6 +309,7 @@ class _Sanitizer:
         self.waits: list = []        # (wait or sync_dealloc node, its stream, the record it waited for), in program order
         self.recorded_on: dict = {}  # record node -> its stream
         self.pos = pos
+        self.pending: dict = {}      # stream -> frees to it not yet ordered after a use elsewhere: (Block, free, Access)
         self.report, self._seen = Report(), set()
 
     def flag(self, kind, t, nodes, streams_, msg, severity="error", **nums):
@@ -326,6 +329,7 @@ class _Sanitizer:
             elif n.op == "placeholder": on_input(self, n)
             if self.do: self.do.after[n] = st
             for t in self.frees.get(n, ()): on_free(self, t, n)
+        for s in list(self.pending): on_reuse(self, s, None, None)   # the caller's later work on the stream may reuse them
         return self.report
 
 # %% ../nbs/07_sanitizer.ipynb #708a9238
@@ -341,6 +345,7 @@ def _is_kernel(n: Node) -> bool:
 def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
     "CSAN's rule: a read conflicts with the last unordered write; a write with the unordered reads since it and with it."
     s = san.key(n)
+    if s in san.pending: on_reuse(san, s, n, st)   # the first kernel that may be handed a block freed to `s`
     seq = san.vc.launch(s)
     accesses = []
     for a, nodes in schema_args(n):
@@ -469,12 +474,12 @@ def _reorder_older(san: _Sanitizer, t: Block, n: Node, acc: Access, prevs: list,
 
 # %% ../nbs/07_sanitizer.ipynb #a827888e
 def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
-    "After its last use the block returns to its allocating stream: every use on another stream must be ordered before."
+    """After its last use the block returns to its allocating stream's pool: every use on another stream must be ordered
+    before that stream's next kernel, the first that may be handed the block (`on_reuse`); ordered already, it is done."""
     A = t.stream
     for B, acc in t.last_use.items():
         if B == A or B in t.record_streams: continue   # record_stream defers the free until B's work so far is done
-        if not san.vc.ordered(acc, A):
-            san.flag("unsafe_reuse", t, (acc.node, n), (B, A), _reuse_msg(t, n, acc))
+        if not san.vc.ordered(acc, A): san.pending.setdefault(A, []).append((t, n, acc))
         elif san.do is not None: _reorder_free(san, t, n, B)
     if t.record_streams and t.sync_deallocs:
         san.flag("redundant_free", t, (t.sync_deallocs[0],), (A,),
@@ -482,6 +487,18 @@ def on_free(san: _Sanitizer, t: Block, n: Node) -> None:
                  f"{', '.join(sorted(map(_sname, t.record_streams)))}) and {t.sync_deallocs[0].name}: two mechanisms for one free; "
                  f"record_stream alone makes the free depend on GPU progress, sync_dealloc alone is deterministic.",
                  severity="warning")
+
+# %% ../nbs/07_sanitizer.ipynb #c96eb65a
+def on_reuse(san: _Sanitizer, A, k: Node | None, st: dict | None) -> None:
+    """Stream `A` issues kernel `k` (None: the graph ends, and the caller's later work on `A` may reuse the blocks): each
+    block freed to `A`'s pool since its last kernel must have its uses elsewhere ordered before it by now. (Judged at the
+    free, a wait that `A` makes before its next kernel would not count: a false alarm on correct fork/join code.)"""
+    for t, n, acc in san.pending.pop(A):
+        if not san.vc.ordered(acc, A): san.flag("unsafe_reuse", t, (acc.node, n), (acc.stream, A), _reuse_msg(t, n, acc, k))
+        elif san.do is not None and k is not None and not san.do.ordered(acc, A, st):
+            why, pair = _missing_link(san, acc, [k], A, free=True)
+            san.flag("reorderable", t, (acc.node, n), (acc.stream, A), _reorder_free_msg(t, n, acc, why), pair=pair)
+        elif san.do is not None and k is None: _reorder_free(san, t, n, acc.stream)
 
 # %% ../nbs/07_sanitizer.ipynb #e7593af5
 def _reorder_free(san: _Sanitizer, t: Block, n: Node, B) -> None:

@@ -191,6 +191,7 @@ class SimState:
         self.recorded: dict[Node, set[int]] = {}      # base -> streams named by record_stream
         self.reads: dict[Node, dict[int, tuple[int, str, float]]] = {}  # base -> stream -> last cross-stream read
         self.deltas: list[tuple[float, int]] = []     # memory changes
+        self.pending: dict[int, list] = {}            # stream -> frees to its pool not yet ordered after a read elsewhere
 
     def stream(self, s: int) -> int:
         "Make sure stream `s` exists; return it."
@@ -209,6 +210,7 @@ class SimState:
 def launch(st: SimState, node: Node, s: int, ms: float, inputs: list[Node]) -> None:
     "Issue kernel `node` (taking `ms`) to stream `s`; check its cross-stream `inputs` (memory bases)."
     st.stream(s)
+    reuse(st, s)   # the first kernel that may be handed a block freed to `s`
     st.host = st.clk.plus(st.host, st.launch_overhead)
     start, end = st.clk.run(node, st.now(s), ms)
     k = st.vc.launch(s)
@@ -296,7 +298,13 @@ def free(st: SimState, b: Node) -> None:
     st.deltas.append((t, -lt.nbytes))
     for p, (k, reader, end) in st.reads.get(b, {}).items():
         if p not in st.recorded.get(b, ()) and not st.knows(s, p, k):
-            st.tl.unsafe_frees.append(UnsafeFree(b.name, s, t, reader, p, end))
+            st.pending.setdefault(s, []).append((UnsafeFree(b.name, s, t, reader, p, end), p, k))
+
+def reuse(st: SimState, s: int) -> None:
+    """Stream `s` issues its next kernel (or the graph ends): a block freed to its pool since is unsafe if a read on
+    another stream is still not ordered before it (as the sanitizer judges it, chapter 07)."""
+    for uf, p, k in st.pending.pop(s, ()):
+        if not st.knows(s, p, k): st.tl.unsafe_frees.append(uf)
 
 # %% ../nbs/04_simulate.ipynb #acec9659
 def record_stream(st: SimState, name: str, b: Node | None, s: int) -> None:
@@ -422,6 +430,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
             launch(st, n, s, cost_of(n), inputs)
             if base[n] is n: alloc(st, n, s, st.tl.spans[n.name][1])   # an in-place op writes into its argument
         for b in frees.get(i, ()): free(st, b)
+    for s in list(st.pending): reuse(st, s)   # the caller's later work on the stream may reuse the blocks
     if clock is not None: clock.play(); settle(st, clock.value)
     tl = st.tl
     tl.name, tl.host_time = name, st.host

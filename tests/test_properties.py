@@ -230,7 +230,9 @@ def _reads(n, mem):
 
 def hb_errors(gm, order=None, current=0):
     """Read-after-write, write-after-read/write and use-after-free on `gm` issued in `order` (default: program order),
-    with vector clocks over streams, events and host syncs. Returns a list of strings."""
+    with vector clocks over streams, events and host syncs. A freed block goes back to its allocating stream's pool:
+    each use on another stream must be ordered before that stream's next kernel (or the graph's end). Returns a list of
+    strings."""
     nodes = list(gm.graph.nodes) if order is None else order
     mem = _memory(gm)
     pos = {n: i for i, n in enumerate(nodes)}
@@ -256,6 +258,13 @@ def hb_errors(gm, order=None, current=0):
     for b, i in end.items():
         if b.node.op != "placeholder": frees[i].append(b)
     alloc, accesses, recorded_on, errors = {}, collections.defaultdict(list), collections.defaultdict(set), []
+    pending = collections.defaultdict(list)   # stream -> (block, access, freed after) not yet ordered before its next kernel
+
+    def reuse(s):
+        for b, acc, after in pending.pop(s, ()):
+            if not known(acc, s):
+                errors.append(f"use-after-free of {b} (allocated on stream {s}): {acc[3]} on stream {acc[1]} "
+                              f"is not ordered before stream {s}'s next kernel after the free after {after}")
 
     def access(n, b, s, write):
         for acc in accesses[b]:
@@ -282,6 +291,7 @@ def hb_errors(gm, order=None, current=0):
                 for b in _flat(mem.get(a["tensor"])): recorded_on[b].add(phys(a["stream_index"]))
         elif n.op == "call_function" and n.target is not operator.getitem and n.target not in VIEWS | MULTI_VIEWS:
             s = phys(stream_of(n))
+            reuse(s)
             seq[0] += 1
             clock(s)[s] = seq[0]
             for b in _reads(n, mem): access(n, b, s, False)
@@ -292,9 +302,8 @@ def hb_errors(gm, order=None, current=0):
         for b in frees.get(i, ()):
             s = alloc.get(b)
             for acc in accesses[b]:
-                if s is not None and not known(acc, s) and acc[1] not in recorded_on[b]:
-                    errors.append(f"use-after-free of {b} (allocated on stream {s}): {acc[3]} on stream {acc[1]} "
-                                  f"is not ordered before the free after {n.name}")
+                if s is not None and not known(acc, s) and acc[1] not in recorded_on[b]: pending[s].append((b, acc, n.name))
+    for s in list(pending): reuse(s)
     return errors
 
 

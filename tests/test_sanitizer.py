@@ -130,8 +130,9 @@ def test_earlier_side_stream_use_is_checked_too():
     a = b.op(aten.neg.default, m, stream=1)
     c = b.op(aten.sin.default, m, stream=2)
     b.sync(REC, 11, 2); b.sync(DEALLOC, 11, 0, m)
+    z = b.op(aten.cos.default, x, stream=0)   # stream 0's next kernel: it may be handed m's block while neg runs
     b.sync(REC, 12, 1); b.sync(WAIT, 12, 0)   # the caller reads neg (and, after the dealloc's wait, sin) on 0
-    rep = sanitize(b.output(a, c))
+    rep = sanitize(b.output(a, c, z))
     assert rep.kinds == ["unsafe_reuse"] and rep.errors[0].nodes[0] == "neg"
 
 
@@ -174,8 +175,8 @@ def test_current_stream_indices_are_one_stream():
     a = b.op(aten.add.Tensor, m, x, stream=cur)
     gm = b.output(a)
     assert sanitize(gm, registry=reg).ok
-    assert sanitize(gm, registry=StreamRegistry(start=10, current_stream=0)).kinds == ["race", "unsafe_reuse",
-                                                                                         "unjoined_output"]
+    assert sanitize(gm, registry=StreamRegistry(start=10, current_stream=0)).kinds == ["race", "unjoined_output",
+                                                                                         "unsafe_reuse"]   # (at the end)
 
 
 def foreign_graph():
@@ -425,9 +426,10 @@ def graph_of(kind, shape=(4, 4)):
     if kind == "third_stream":
         mul = b.op(aten.mul.Tensor, g, g, stream=1)
         return b.output(b.op(aten.add.Tensor, mul, g, stream=0), b.op(aten.sub.Tensor, mul, g, stream=2), mul)
-    if kind == "two_side_streams":
+    if kind == "two_side_streams":   # (add: stream 0's next kernel, which may be handed mul's block)
         mul = b.op(aten.mul.Tensor, g, g, stream=0)
-        return b.output(b.op(aten.neg.default, mul, stream=1), b.op(aten.sin.default, mul, stream=2))
+        return b.output(b.op(aten.neg.default, mul, stream=1), b.op(aten.sin.default, mul, stream=2),
+                        b.op(aten.add.Tensor, g, 1.0, stream=0))
     if kind == "side_read_once":
         mul = b.op(aten.mul.Tensor, g, g, stream=0)
         return b.output(b.op(aten.neg.default, mul, stream=1))
