@@ -504,7 +504,7 @@ def stream_pass(name: str, need_val: Callable[[GraphModule], Collection[Node]] |
     """Declare a public pass `fn(gm, ...)` named `name`: refuse a non-`GraphModule` (`TypeError`), skip a graph already
     processed (with a warning), `validate` it, run `check(gm)` and the pass in one `transaction` with the garbage
     collector paused (as the caller left it afterwards, also on error), and mark `gm` processed only on success: in
-    its marks, and each node it inserted with `meta['streamnb_pass'] = name`."""
+    its marks, and each node it inserted with `meta['streamnb_pass'] = name`. No two nodes share a `custom` dict after it."""
     def decorate(fn):
         @functools.wraps(fn)
         def run(gm, *args, **kwargs):
@@ -515,8 +515,12 @@ def stream_pass(name: str, need_val: Callable[[GraphModule], Collection[Node]] |
                 if check is not None: check(gm)
                 old = set(gm.graph.nodes)
                 out = fn(gm, *args, **kwargs)
+                own: set[int] = set()
                 for n in gm.graph.nodes:   # what it inserted says it ran, also on a copy without the marks
                     if n not in old: n.meta.setdefault("streamnb_pass", name)
+                    if type(c := n.meta.get("custom")) is dict:   # a node it made with another's dict: a copy
+                        if id(c) in own: n.meta["custom"] = dict(c)
+                        else: own.add(id(c))
                 mark_processed(gm, name)
             return out
         return run
