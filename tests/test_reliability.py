@@ -173,6 +173,14 @@ def test_write_chrome_trace_refuses_a_graph_module(tmp_path):
         write_chrome_trace(tmp_path / "t.json", simulate(gm))   # the Timeline: fine
 
 
+@pytest.mark.parametrize("plot", ["plot_timeline", "plot_memory"])
+def test_the_plots_refuse_a_graph_module(plot):
+    "Item 5 (the plots, as the trace writer). Base: plot_memory raises AttributeError: ... no attribute 'name'."
+    import streamnb.plot as P
+    with pytest.raises(TypeError, match=r"timelines: argument 0 is a GraphModule, not a Timeline \(make one with simulate"):
+        getattr(P, plot)(base_graph())
+
+
 def tables():
     from torch._dynamo import graph_bytecode_inputs as B
     return (dict(B.index_to_bytecode_constructor), dict(B.index_to_external_object_weakref), list(B.keep_alive))
