@@ -31,9 +31,10 @@ from .streamops import decode
 
 # %% auto #0
 __all__ = ['PARTITIONERS', 'FRONTENDS', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError',
-           'CPUStream', 'CPUEvent', 'cpu_streams', 'dynamo_notes', 'tag_custom_backward', 'on_device', 'graph_streams',
-           'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause', 'RunResult',
-           'CPUInterpreter', 'run_graph', 'Capture', 'capture', 'eager']
+           'CPUStream', 'CPUEvent', 'cpu_streams', 'dynamo_tables_saved', 'restore_dynamo_tables', 'dynamo_notes',
+           'tag_custom_backward', 'on_device', 'graph_streams', 'forward_deps_of_backward_syncs',
+           'add_control_deps_vals', 'partition', 'partition_cause', 'RunResult', 'CPUInterpreter', 'run_graph',
+           'Capture', 'capture', 'eager']
 
 # %% ../nbs/16_capture.ipynb #dd359a90
 class CaptureError(StreamnbError):
@@ -117,6 +118,24 @@ def cpu_streams(eager: bool = False):
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
 
+def dynamo_tables_saved() -> list:
+    "Copies of dynamo's object table (`torch._dynamo.graph_bytecode_inputs`: the streams and events traced code registers)."
+    from torch._dynamo import graph_bytecode_inputs as B
+    return [t.copy() for t in (B.index_to_bytecode_constructor, B.index_to_external_object_weakref, B.keep_alive)]
+
+def restore_dynamo_tables(saved: list) -> None:
+    "Put dynamo's object table back as `dynamo_tables_saved()` saw it (the same dict and list objects, refilled)."
+    from torch._dynamo import graph_bytecode_inputs as B
+    for t, old in zip((B.index_to_bytecode_constructor, B.index_to_external_object_weakref, B.keep_alive), saved):
+        t.clear(); (t.update if isinstance(t, dict) else t.extend)(old)
+
+@contextlib.contextmanager
+def _dynamo_tables_kept():
+    "Dynamo's object table as it was after the block, also on error: a capture leaves no global state changed."
+    saved = dynamo_tables_saved()
+    try: yield
+    finally: restore_dynamo_tables(saved)
+
 def _cause(e: BaseException, cls: type) -> BaseException | None:
     "The first exception of type `cls` in `e`'s chain (torch.compile keeps a backend's error as `inner_exception`)."
     while e is not None and not isinstance(e, cls):
@@ -182,6 +201,10 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
     never = lambda gm, _: gm
     on_cpu = lambda gm, _: make_boxed_func(lambda *args: run_graph(gm, *args))   # stream ops: no-ops
     def backend(gm, example_inputs):                      # dynamo: which of our tensors each graph input is
+        if (size := next((x for x in example_inputs if not isinstance(x, torch.Tensor)), None)) is not None:
+            raise CaptureError(f"the program has a dynamic dimension: dynamo made its size {size} a graph input (a "
+                               f"{type(size).__name__}, from torch._dynamo.mark_dynamic or a recompile with another "
+                               "shape); capture traces static shapes: pass inputs without dynamic dimensions")
         order = [next((j for j, t in enumerate(flat_args) if t is x), None) for x in example_inputs]
         if None in order:
             x = example_inputs[order.index(None)]
@@ -190,7 +213,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
                                "input, or make the program an nn.Module that holds it")
         got["order"], got["dynamo_notes"] = order, dynamo_notes(gm)
         return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
-    with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}):
+    with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}), _dynamo_tables_kept():
         try:
             if frontend == "aot":
                 aot_function(flat_fn, fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(*flat_args)

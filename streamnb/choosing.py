@@ -20,7 +20,7 @@ __all__ = ['FULL_JUDGE_MAX', 'STRATEGIES', 'streamnb_choice', 'side_stream_indic
            'judge', 'format_table', 'process_capture', 'MoEBlock', 'without_syncs']
 
 # %% ../nbs/21b_choosing_streams.ipynb #4dfe635a
-from .graph import check_graph_module
+from .graph import check_graph_module, transaction, validate
 from .graph import StreamRegistry, get_registry, get_stream, use_registry
 from .streamops import current_stream_key, decode, physical_stream
 from .contention import kernel_demand
@@ -95,11 +95,16 @@ def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams:
     backward node). `strategy`: "single", "critical_path" (apex torchsched), "nimble" (min chain cover) or "streamnb"
     (judged on the contention-aware timeline within `memory_limit` bytes, never worse than one stream nor than with
     fewer side streams). The user's annotations stay unless `keep_user=False`. Returns `gm`; details in
-    `gm.meta['streamnb_assignment']`. A graph it cannot assign raises `AssignError` and is left unchanged."""
-    check_graph_module(gm)
+    `gm.meta['streamnb_assignment']`. It validates `gm` as the passes do (`validate`); a graph it cannot assign raises
+    an `AssignError` (a `StreamnbError`) and is left unchanged; an empty graph (no node but inputs and the output) gets
+    an empty answer (no stream)."""
+    validate(gm)   # a cycle, a dangling argument, a name twice, two outputs, a broken val: refused naming the node
     if strategy not in STRATEGIES: raise AssignError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 0:
         raise AssignError(f"side_streams must be an int >= 0, got {side_streams!r}")
+    if all(n.op in ("placeholder", "output") for n in gm.graph.nodes):   # nothing to assign: an empty answer
+        gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=[], tried=[], part=graph_part(gm))
+        return gm
     with kernel_times_memo():   # each node priced once: for the DAG's costs, and again for its contention demand
         dag = compute_dag(gm, device=device, keep_user=keep_user)   # raises, naming the node, before anything changes
         if not dag.nodes:
@@ -113,8 +118,9 @@ def assign_streams(gm: GraphModule, *, strategy: str = "streamnb", side_streams:
         else: choice, tried = streamnb_choice(gm, dag, streams, keep_user=keep_user, device=device,
                                               memory_limit=memory_limit)
     for v, s in dag.pinned.items(): choice[v] = s
-    apply_streams(gm, dag, choice, keep_user)
-    gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=sorted(set(choice)), tried=tried, part=dag.part)
+    with transaction(gm):   # all or nothing; each node gets its own `custom` dict
+        apply_streams(gm, dag, choice, keep_user)
+        gm.meta["streamnb_assignment"] = dict(strategy=strategy, streams=sorted(set(choice)), tried=tried, part=dag.part)
     return gm
 
 # %% ../nbs/21b_choosing_streams.ipynb #d1ea3862

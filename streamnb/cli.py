@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import logging
 import sys
 import time
 from pathlib import Path
@@ -153,6 +155,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/18_cli.ipynb #d956a7bc
+@contextlib.contextmanager
+def _torch_logs_silenced():
+    "Torch's fake-tensor log (a traceback for each op that fails on fake inputs, such as a wrong shape) off in the block."
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try: yield
+    finally: log.setLevel(level)
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `streamnb` command; returns the exit status."
     args = parser().parse_args(argv)
@@ -162,29 +173,30 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[{time.perf_counter() - t0:5.1f}s] {m}", file=sys.stderr, flush=True))
     out = Path(args.out)
-    try:
-        if out.exists() and not out.is_dir(): raise StreamnbError(f"--out {out}: exists and is not a folder")
-        if getattr(args, "side_streams", 0) < 0: raise StreamnbError(f"--side-streams {args.side_streams}: must be >= 0")
-        if getattr(args, "target", None) is None:
-            say("building the transformer-block example (attention on stream 1, MLP on stream 2)")
-            model, inputs = transformer_block_example()
-        else:
-            say(f"building the model: {args.target}")
-            model, inputs = load_factory(args.target)
-        if args.command == "assign":
-            say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
-            rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
-                                     side_streams=args.side_streams, device=args.device, frontend=args.frontend)
-            files = write_assignment(rows, tls, out)
-            text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
-        else:
-            ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"),
-                         forward_syncs=getattr(args, "forward_syncs", False))
-            say(f"writing results to {out}/")
-            files, text = write_explanation(ex, out), ex.summary_text()
-    except (StreamnbError, OSError) as e:
-        print(f"streamnb: error: {e}", file=sys.stderr)
-        return 2
+    with _torch_logs_silenced():   # an error is said in one line below, with no log of torch's before it
+        try:
+            if out.exists() and not out.is_dir(): raise StreamnbError(f"--out {out}: exists and is not a folder")
+            if getattr(args, "side_streams", 0) < 0: raise StreamnbError(f"--side-streams {args.side_streams}: must be >= 0")
+            if getattr(args, "target", None) is None:
+                say("building the transformer-block example (attention on stream 1, MLP on stream 2)")
+                model, inputs = transformer_block_example()
+            else:
+                say(f"building the model: {args.target}")
+                model, inputs = load_factory(args.target)
+            if args.command == "assign":
+                say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
+                rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
+                                         side_streams=args.side_streams, device=args.device, frontend=args.frontend)
+                files = write_assignment(rows, tls, out)
+                text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
+            else:
+                ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"),
+                             forward_syncs=getattr(args, "forward_syncs", False))
+                say(f"writing results to {out}/")
+                files, text = write_explanation(ex, out), ex.summary_text()
+        except (StreamnbError, OSError) as e:
+            print(f"streamnb: error: {e}", file=sys.stderr)
+            return 2
     print(text)
     say(f"done: {len(files)} files in {out}/")
     return 0

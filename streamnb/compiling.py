@@ -22,8 +22,8 @@ from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
 from .streamops import decode, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
-from .capturing import (add_control_deps_vals, dynamo_notes, forward_deps_of_backward_syncs, partition_cause,
-                                run_graph, tag_custom_backward)
+from .capturing import (add_control_deps_vals, dynamo_notes, dynamo_tables_saved, forward_deps_of_backward_syncs,
+                                partition_cause, restore_dynamo_tables, run_graph, tag_custom_backward)
 from torch.fx import Node
 from .exercises import count_syncs
 from .explainer import table_lines
@@ -241,7 +241,9 @@ class use_streamnb_passes(contextlib.ContextDecorator):
 
     def __enter__(self):
         gc = check_call_sites()                       # refuses before anything is patched
-        if not self._saved: self.graphs, self.registries, self.renumbered, self._memos = [], [], [], []
+        if not self._saved:
+            self.graphs, self.registries, self.renumbered, self._memos = [], [], [], []
+            self._tables = dynamo_tables_saved()      # put back if the block fails: no global state changed
         self._saved.append({n: getattr(gc, n) for n in STREAM_PASSES})
         for n in STREAM_PASSES: setattr(gc, n, self._pass(n))
         return self
@@ -249,6 +251,7 @@ class use_streamnb_passes(contextlib.ContextDecorator):
     def __exit__(self, exc_type, exc, tb):
         gc = importlib.import_module(CALL_SITES)
         for n, f in self._saved.pop().items(): setattr(gc, n, f)
+        if exc is not None and not self._saved: restore_dynamo_tables(self._tables)
         if isinstance(exc, Exception) and not isinstance(exc, StreamnbError):   # torch's raw error: say why, if known
             why = next((w for g in self.graphs if (w := diagnose(g, _root(exc)))), None)
             if why is not None: raise CompileFailure(f"{_root(exc).splitlines()[0]}\nstreamnb: {why}") from exc

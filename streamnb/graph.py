@@ -348,18 +348,40 @@ class IndexedDict(MutableMapping, Generic[K, V]):
 PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
+@functools.cache
+def _tensor_returns(target) -> int:
+    "How many results of the `aten` op `target` are tensors when all of them are (its schema): 0 if not all are."
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten": return 0
+    rets = target._schema.returns
+    return len(rets) if rets and all(type(r.type) is torch.TensorType for r in rets) else 0
+
+def _not_a_tensor(n: Node, val: Any) -> bool:
+    "Is `val` not what `n`'s `aten` op makes: a tensor (one result), or a tuple or list of tensors or None (several)?"
+    k = _tensor_returns(n.target) if n.op == "call_function" else 0
+    if k == 1: return not isinstance(val, torch.Tensor)
+    return k > 1 and not (isinstance(val, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in val))
+
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
-    """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph, a bad stream
-    annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one), or a
-    missing `meta['val']` on a node of `need_val`."""
+    """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph (a cycle, a
+    dangling argument), a name used twice, a second `output` node, a user that is not in the graph, a bad stream
+    annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one) or that is
+    not a tensor on an `aten` op whose schema returns one, or a missing `meta['val']` on a node of `need_val`."""
     check_graph_module(gm)
     seen: set[Node] = set()
+    names: set[str] = set()
+    output = None
     for n in gm.graph.nodes:
         for a in n.all_input_nodes:
             if a not in seen:   # defined later, erased, or a node of another graph
                 raise StreamnbError(f"node {n.name}: its argument {a.name} is not a node defined before it in this "
                                     "graph (the graph fails lint())")
         seen.add(n)
+        if n.name in names: raise StreamnbError(f"node {n.name}: two nodes of the graph have this name (the graph fails lint())")
+        names.add(n.name)
+        if n.op == "output":
+            if output is not None:
+                raise StreamnbError(f"node {n.name}: a second output node (the first is {output.name}): a graph has one")
+            output = n
         if get_stream(n) is not None and n.op == "call_module":
             raise StreamnbError(f"node {n.name}: a call_module node on stream {get_stream(n)}: streamnb cannot see the "
                                 "ops inside a module; inline it first (trace without leaf modules)")
@@ -368,6 +390,15 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
         elif isinstance(n.meta["val"], (str, bytes)):
             raise StreamnbError(f"node {n.name}: meta['val'] is a {type(n.meta['val']).__name__}, not a value a traced "
                                 "op makes (a fake or meta tensor, a SymInt or a number)")
+        elif _not_a_tensor(n, n.meta["val"]):
+            raise StreamnbError(f"node {n.name}: {n.target} returns a Tensor but its meta['val'] is not "
+                                f"a tensor ({type(n.meta['val']).__name__}): the graph is broken (a host value, such as a SymInt, "
+                                "comes from a host op: sym_size, item, operator.* on ints)")
+    for n in gm.graph.nodes:
+        for u in n.users:
+            if u not in seen:
+                raise StreamnbError(f"node {n.name}: its users hold {u.name}, a node not in this graph (erased, or of "
+                                    "another graph)")
 
 def require_val(need_val: Collection[Node]) -> None:
     """`validate(gm, need_val)` on a graph that already passed `validate(gm)` and has not changed since (a pass that
@@ -380,12 +411,20 @@ def require_val(need_val: Collection[Node]) -> None:
 def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
 
+def _inserted_by(gm: GraphModule, name: str) -> Node | None:
+    """The first node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted (`meta['streamnb_pass']`,
+    which a copy of the graph keeps when it drops the marks), or a `control_deps` node (after the wrap pass)."""
+    later = set(PIPELINE_ORDER[PIPELINE_ORDER.index(name):]) if name in PIPELINE_ORDER else {name}
+    return next((n for n in gm.graph.nodes if n.meta.get("streamnb_pass") in later
+                 or (name in PIPELINE_ORDER and is_control_deps(n))), None)
+
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     check_graph_module(gm)
-    wrapped = next((n for n in gm.graph.nodes if is_control_deps(n)), None)
-    if name not in _marks(gm) and (wrapped is None or name not in PIPELINE_ORDER): return False
-    why = f"node {wrapped.name} is a control_deps node" if wrapped is not None else f"{name} already ran on it"
+    wrapped = None if name in _marks(gm) else _inserted_by(gm, name)
+    if name not in _marks(gm) and wrapped is None: return False
+    why = f"{name} already ran on it" if wrapped is None else (f"node {wrapped.name} is a control_deps node" if
+          is_control_deps(wrapped) else f"node {wrapped.name} was inserted by {wrapped.meta['streamnb_pass']}")
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 
@@ -403,12 +442,10 @@ class _Snapshot:
     def __init__(self, gm: GraphModule):
         self.gm, self.graph = gm, gm.graph
         self.nodes: list[tuple] = []
-        copies: dict[int, dict] = {}   # own copies of `custom` dicts, shared ones staying shared within the graph
         for n in self.graph.nodes:   # (one walk: a snapshot is taken before every pass)
             meta = n.meta
             self.nodes.append((n, n.target, n.args, n.kwargs, dict(meta)))
-            if type(c := meta.get("custom")) is dict:
-                meta["custom"] = copies[id(c)] if id(c) in copies else copies.setdefault(id(c), dict(c))
+            if type(c := meta.get("custom")) is dict: meta["custom"] = dict(c)   # each node its own: none shared
         self.attrs, self.modules, self.meta = dict(gm.__dict__), dict(gm._modules), dict(gm.meta)
         self.forward = type(gm).__dict__.get("forward")
         self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
@@ -466,7 +503,8 @@ def stream_pass(name: str, need_val: Callable[[GraphModule], Collection[Node]] |
                 check: Callable[[GraphModule], None] | None = None) -> Callable:
     """Declare a public pass `fn(gm, ...)` named `name`: refuse a non-`GraphModule` (`TypeError`), skip a graph already
     processed (with a warning), `validate` it, run `check(gm)` and the pass in one `transaction` with the garbage
-    collector paused (as the caller left it afterwards, also on error), and mark `gm` processed only on success."""
+    collector paused (as the caller left it afterwards, also on error), and mark `gm` processed only on success: in
+    its marks, and each node it inserted with `meta['streamnb_pass'] = name`. No two nodes share a `custom` dict after it."""
     def decorate(fn):
         @functools.wraps(fn)
         def run(gm, *args, **kwargs):
@@ -475,7 +513,14 @@ def stream_pass(name: str, need_val: Callable[[GraphModule], Collection[Node]] |
             with fastfx.paused_gc(), transaction(gm):
                 validate(gm, need_val(gm) if need_val is not None else ())
                 if check is not None: check(gm)
+                old = set(gm.graph.nodes)
                 out = fn(gm, *args, **kwargs)
+                own: set[int] = set()
+                for n in gm.graph.nodes:   # what it inserted says it ran, also on a copy without the marks
+                    if n not in old: n.meta.setdefault("streamnb_pass", name)
+                    if type(c := n.meta.get("custom")) is dict:   # a node it made with another's dict: a copy
+                        if id(c) in own: n.meta["custom"] = dict(c)
+                        else: own.add(id(c))
                 mark_processed(gm, name)
             return out
         return run

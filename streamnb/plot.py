@@ -169,6 +169,12 @@ def _legend_entries(timelines: Sequence[Timeline], marks=None, racing=None) -> l
     return hs
 
 # %% ../nbs/05_plot.ipynb #b3d1281f
+def _check_timelines(timelines) -> None:
+    "A `TypeError` naming the argument for any of `timelines` that is not a `Timeline` (a graph is simulated first)."
+    for i, tl in enumerate(timelines):
+        if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
+            raise TypeError(f"timelines: argument {i} is a {type(tl).__name__}, not a Timeline (make one with simulate(gm))")
+
 def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax: Axes | Sequence[Axes] | None = None,
                   width: float = 10.0, marks=None, label=(), racing=None) -> Figure:
     """Gantt chart of one or more timelines, stacked top to bottom on a shared time axis in µs. `marks`: the kinds of
@@ -177,9 +183,7 @@ def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax:
     in dashed red (with `"races"` marks): races the sanitizer found that the simulator does not mark, such as a write
     while another stream reads. A title too long for its panel is broken into lines."""
     if not timelines: raise ValueError("plot_timeline needs at least one Timeline")
-    for i, tl in enumerate(timelines):
-        if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
-            raise TypeError(f"timelines: argument {i} is a {type(tl).__name__}, not a Timeline (make one with simulate(gm))")
+    _check_timelines(timelines)
     marks = _marks(marks)
     racing = [frozenset(r) for r in racing] if racing is not None else [frozenset()] * len(timelines)
     if len(racing) != len(timelines): raise ValueError(f"{len(timelines)} timelines but {len(racing)} entries in racing")
@@ -221,6 +225,7 @@ def plot_memory(*timelines: Timeline, labels: Sequence[str] | None = None, ax: A
                 width: float = 8.0) -> Figure:
     "Bytes held over time (blocks not free for reuse, in GPU time) for one or more timelines, overlaid, each peak marked."
     if not timelines: raise ValueError("plot_memory needs at least one Timeline")
+    _check_timelines(timelines)
     labels = list(labels) if labels is not None else [tl.name or f"timeline {i}" for i, tl in enumerate(timelines)]
     if ax is None: fig, ax = plt.subplots(figsize=(width, 3.2))
     else: fig = ax.figure

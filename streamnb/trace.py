@@ -55,9 +55,16 @@ def check_no_overlap(events: list[dict]) -> None:
                 raise ValueError(f"track {key}: {a['name']} [{a['ts']}, +{a['dur']}] overlaps {b['name']} at {b['ts']}")
 
 # %% ../nbs/06_trace.ipynb #7d8449d3
+def _check_timeline(tl, arg: str):
+    "`tl`, or a `TypeError` naming the argument `arg` unless it is a `Timeline` (a graph is simulated first)."
+    if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
+        hint = "simulate(gm) first and pass its Timeline" if hasattr(tl, "graph") else "make one with simulate(gm)"
+        raise TypeError(f"{arg}: expected a Timeline, got {type(tl).__name__} ({hint})")
+    return tl
+
 def to_chrome_trace(timeline: Timeline, *, pid: int = 1000, name: str | None = None) -> dict:
     "The timeline as a Kineto-shaped Chrome trace: {'traceEvents': [...], 'displayTimeUnit': 'ms'}."
-    tl = timeline
+    tl = _check_timeline(timeline, "timeline")
     ev = _meta(pid, name or tl.name or "streamnb estimate", tl)
     racy: dict[str, list[str]] = {}
     for r in tl.unordered_reads: racy.setdefault(r.consumer, []).append(r.producer)
@@ -84,6 +91,7 @@ def to_chrome_trace(timeline: Timeline, *, pid: int = 1000, name: str | None = N
 def write_chrome_trace(path: str | Path, *timelines: Timeline) -> dict:
     "Write one trace holding all `timelines` (pid 1000, 1001, ...) to `path`; open it in ui.perfetto.dev."
     events = []
+    for i, tl in enumerate(timelines): _check_timeline(tl, f"timelines[{i}]")   # before the file is written
     for i, tl in enumerate(timelines):
         events += to_chrome_trace(tl, pid=1000 + i, name=tl.name or f"timeline {i}")["traceEvents"]
     trace = {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -42,7 +42,8 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
                           n_tangents: int = 2, n_forward: int = 0, p_unannotated: float = 0.15,
                           p_acc: float = 0.1, p_fanout: float = 0.1, p_user_sync: float = 0.08,
                           p_copy: float = 0.0, p_stay: float = 0.7, p_consume: float = 0.0, user_sync_tag: str | None = None,
-                          shape: tuple = (4, 4), fast: bool = False) -> GraphModule:
+                          shape: tuple = (4, 4), fast: bool = False, p_shared_custom: float = 0.0,
+                          p_bad_val: float = 0.0) -> GraphModule:
     """A random backward-like graph, the same for the same arguments.
 
     `n_nodes` counts the compute nodes (forward prefix, backward ops, accumulations, fan-out consumers);
@@ -50,7 +51,13 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     the next annotated node stays on the previous node's stream. `p_consume` is the chance that an argument is
     the oldest value nobody reads yet (fewer outputs: with 0, about a quarter of the nodes end up as outputs,
     which makes big graphs output-heavy). `fast=True` gives every compute node one
-    shared `meta['val']` instead of running the op on meta tensors (for big benchmark graphs)."""
+    shared `meta['val']` instead of running the op on meta tensors (for big benchmark graphs).
+
+    Issue 48's input forms (off by default: the same graphs as before for the same arguments): `p_shared_custom`,
+    the chance that a compute node shares its `custom` dict with an earlier node of the same stream (an unannotated
+    node or an accumulation: one `{"note": "shared"}` dict), as AOTAutograd shares forward/backward dicts;
+    `p_bad_val`, the chance that one tensor op gets a `meta['val']` that is not a tensor (an int, None, `object()`, an
+    empty list or a SymInt), a broken graph, named in `gm.meta["graphgen_bad_val"]`."""
     rng = random.Random(seed)
     if n_streams is None: n_streams = rng.randint(1, 4)
     if not 1 <= n_streams <= len(USER_EVENTS): raise ValueError(f"n_streams must be 1..{len(USER_EVENTS)}")
@@ -62,6 +69,7 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     stream_of: dict = {}                   # node -> its stream (None = unannotated)
     recorded: list[int] = []               # user event indices recorded so far
     last_stream = 0
+    shared_custom: dict = {}               # stream -> the custom dict the nodes drawn to share one share
     unread = collections.deque()           # values in creation order, some of them still without users
 
     def pick():
@@ -79,6 +87,8 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
 
     def add(target, *args, stream=None, tag="is_backward", acc=False):
         n = b.op(target, *args, stream=stream, tag=tag, acc=acc, val=shared)
+        if p_shared_custom and rng.random() < p_shared_custom:
+            n.meta["custom"] = shared_custom.setdefault(stream, n.meta.get("custom") or {"note": "shared"})
         values.append(n); stream_of[n] = stream
         if p_consume: unread.append(n)
         return n
@@ -115,7 +125,18 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     seen = set(outs)
     for n in rng.sample(values, min(3, len(values))):
         if n not in seen and n.op != "placeholder": outs.append(n); seen.add(n)
-    return b.output(*outs)
+    gm = b.output(*outs)
+    ops = [n for n in values if n.op == "call_function"]
+    if p_bad_val and ops and rng.random() < p_bad_val:
+        bad = rng.choice(ops)
+        bad.meta["val"] = rng.choice([lambda: 3, lambda: None, object, list, _symint])()
+        gm.meta["graphgen_bad_val"] = bad.name
+    return gm
+
+
+def _symint():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    return ShapeEnv().create_unbacked_symint()
 
 
 def _user_sync(b, rng, values, stream_of, recorded, n_streams, tag):

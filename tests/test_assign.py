@@ -84,12 +84,15 @@ def test_non_acc_nodes_untouched_custom_kept_and_caller_dict_not_written():
     assert streams_of(gm)["neg"] == 1
 
 
-def test_custom_dict_shared_within_the_graph_stays_shared():
+@pytest.mark.parametrize("upstream", [False, True])
+def test_custom_dict_shared_within_the_graph_is_copied_before_a_change(upstream):
+    "Issue 48: two nodes of one graph never share a `custom` dict after a pass: assigning one moves not the other."
     gm = grad_acc()
     acc1, out = next(n for n in gm.graph.nodes if n.name == "acc1"), next(iter(gm.graph.find_nodes(op="output")))
-    acc1.meta["custom"] = out.meta["custom"] = {"other": "kept"}   # as AOTAutograd shares forward/backward dicts
-    assign_backward_streams(gm)
-    assert acc1.meta["custom"] is out.meta["custom"] and out.meta["custom"]["stream"] == 2
+    shared = acc1.meta["custom"] = out.meta["custom"] = {"other": "kept"}   # as AOTAutograd shares forward/backward dicts
+    assign_backward_streams(gm, upstream=upstream)
+    assert acc1.meta["custom"] == {"other": "kept", "stream": 2} and out.meta["custom"] == {"other": "kept"}
+    assert acc1.meta["custom"] is not out.meta["custom"] and shared == {"other": "kept"}
 
 
 def test_second_run_noop_with_warning():

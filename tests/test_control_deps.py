@@ -807,7 +807,8 @@ def test_output_rewired_only_for_backward_deps():
     out = gm.graph.output_node().args[0]
     assert out[0] is f                                   # forward output keeps the forward node
     assert out[1].args[0] is rec                         # backward output reads the getitem
-    assert out[1].meta["custom"] is g.meta["custom"]     # getitem meta: a shallow copy
+    assert out[1].meta["custom"] == g.meta["custom"]     # getitem meta: a shallow copy ...
+    assert out[1].meta["custom"] is not g.meta["custom"] # ... with its own custom dict (issue 48: none shared)
 
 
 def test_getitems_reverse_order_and_names():

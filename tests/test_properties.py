@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from graphgen import random_backward_graph
-from streamnb.graph import AlreadyProcessedWarning, StreamRegistry, canonical, use_registry
+from streamnb.graph import AlreadyProcessedWarning, StreamnbError, StreamRegistry, canonical, use_registry
 from streamnb.pipeline import run_stream_passes
 from streamnb.sanitizer import sanitize
 
@@ -51,6 +51,37 @@ def test_pipeline_output_is_race_free_lints_and_is_deterministic(args):
             run_stream_passes(gm)                                  # a second run does no harm
     assert canonical(gm) == first
     assert sanitize(gm).ok
+
+
+def _unshared(gm):
+    "`gm` with every node's `custom` dict its own (a copy): what the passes must make of a graph that shares some."
+    for n in gm.graph.nodes:
+        if isinstance(n.meta.get("custom"), dict): n.meta["custom"] = dict(n.meta["custom"])
+    return gm
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_args, st.sampled_from([0.3, 0.8]), st.sampled_from([0.0, 0.5]), st.booleans())
+def test_shared_custom_dicts_change_nothing_and_non_tensor_vals_are_refused(args, p_shared, p_bad, upstream):
+    """Issue 48: a graph whose nodes share `custom` dicts gives what the same graph with its own dicts gives (both
+    modes), with no dict shared after; one with a non-tensor `val` on a tensor op is refused naming that node, unchanged."""
+    args = dict(args, p_shared_custom=p_shared, p_bad_val=p_bad); seed = args.pop("seed")
+    gm, ref = random_backward_graph(seed, **args), _unshared(random_backward_graph(seed, **args))
+    bad = gm.meta.get("graphgen_bad_val")
+    before = canonical(gm)
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        try: run_stream_passes(gm, upstream=upstream)
+        except StreamnbError as e:
+            assert bad is not None and f"node {bad}:" in str(e), str(e)
+            assert canonical(gm) == before
+            return
+    assert bad is None, f"a non-tensor val on {bad} was accepted"
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        run_stream_passes(ref, upstream=upstream)
+    assert canonical(gm) == canonical(ref)
+    customs = [n.meta["custom"] for n in gm.graph.nodes if isinstance(n.meta.get("custom"), dict)]
+    assert len({id(c) for c in customs}) == len(customs)
+    if not upstream: assert sanitize(gm, registry=StreamRegistry(start=10, current_stream=0), reorder=True).ok
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -59,7 +59,7 @@ def test_cross_stream_exact_graph():
         ("output", "output", (("add",),)),
     ]
     for n in gm.graph.find_nodes(op="call_function", target=REC) + gm.graph.find_nodes(op="call_function", target=WAIT):
-        assert n.meta == {"partitioner_tag": "must_be_in_backward"}
+        assert n.meta == {"partitioner_tag": "must_be_in_backward", "streamnb_pass": "insert_backward_syncs"}   # (issue 48)
     assert "record_event" not in gm.code   # as in the seed, only the wrap pass recompiles
 
 
