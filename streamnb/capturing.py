@@ -594,11 +594,19 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Call
     return RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)])))
 Capture.run = _run
 
+_NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event that cpu_streams() does not stand in for (the "
+                 "device-generic API, made outside the with block or as torch.Stream()/torch.Event()), and a CPU has no "
+                 "events: on a machine without an accelerator write torch.cuda.Stream(), torch.cuda.Event() and "
+                 "torch.cuda.current_stream(), which cpu_streams() replaces, or run it where there is a GPU")
+
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
     "Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with)."
     inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
     with cpu_streams(eager=True):           # stream objects run on a CPU as one stream (nothing where there is a GPU)
-        out = fn_or_module(*inputs)
+        try: out = fn_or_module(*inputs)
+        except RuntimeError as e:           # a torch.Stream/torch.Event made outside the stand-ins (in __init__, say)
+            if "doesn't support events" not in str(e): raise
+            raise CaptureError(_NO_CPU_EVENTS) from e
         outs = pytree.tree_leaves(out)
         params = dict(fn_or_module.named_parameters()) if isinstance(fn_or_module, nn.Module) else {}
         wrt = [x for x in inputs if x.requires_grad] + [p for p in params.values() if p.requires_grad]

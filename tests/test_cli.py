@@ -161,3 +161,38 @@ def test_demo_timeline_says_why_the_two_modes_look_the_same():
     assert not other.same_schedule()
     titles = [a.get_title(loc="left") for a in other.plot_timelines().axes]
     assert [t.split(" (")[0] for t in titles] == ["before the passes", "upstream passes", "default passes"]
+
+
+DEVICE_GENERIC = '''
+import torch
+class M(torch.nn.Module):
+    "Written with the device-generic API: torch.Stream, torch.Event, torch.accelerator.current_stream()."
+    def __init__(self):
+        super().__init__(); self.lin = torch.nn.Linear(8, 8); self.side = torch.Stream()
+    def forward(self, x):
+        cur = torch.accelerator.current_stream()
+        self.side.wait_stream(cur)
+        with self.side:
+            h = self.lin(x).relu()
+        ev = torch.Event()
+        ev.record(self.side)
+        cur.wait_event(ev)
+        return h.sum()
+def factory(): return M(), (torch.randn(4, 8),)
+'''
+
+
+def test_the_device_generic_api_on_a_cpu_is_one_clear_line(tmp_path, capsys):
+    # issue 46: on a CPU, torch.Stream/torch.Event syncs cannot run (no events): one line says what to write instead,
+    # in explain and in the CLI, never torch's raw RuntimeError and a traceback
+    from streamnb.capturing import CaptureError, cpu_streams
+    from streamnb.explainer import explain
+    src = tmp_path / "generic.py"; src.write_text(DEVICE_GENERIC)
+    ns: dict = {}
+    exec(compile(DEVICE_GENERIC, str(src), "exec"), ns)
+    with cpu_streams(), pytest.raises(CaptureError, match=r"write torch\.cuda\.Stream\(\), torch\.cuda\.Event\(\)"):
+        explain(*ns["factory"]()[:1], *ns["factory"]()[1])
+    assert main(["explain", f"{src}:factory", "--out", str(tmp_path / "out"), "--quiet"]) != 0
+    out = capsys.readouterr()
+    said = [ln for ln in (out.out + out.err).splitlines() if ln.strip()]
+    assert len(said) == 1 and "torch.cuda.Stream()" in said[0] and "Traceback" not in out.err, said
