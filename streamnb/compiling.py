@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, StreamRegistry, canonical, use_registry
-from .streamops import decode, reserve_indices_in_use
+from .streamops import decode, indices_in_use, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass
 from .capturing import (add_control_deps_vals, dynamo_notes, dynamo_tables_saved, forward_deps_of_backward_syncs,
                                 partition_cause, restore_dynamo_tables, run_graph, tag_custom_backward)
@@ -38,7 +38,7 @@ from .graph import is_control_deps
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
            'DynamoRegistry', 'traced_current_stream', 'renumber_streams', 'register_annotated_streams', 'values_on',
            'CPUValuesWarning', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
-           'canonical_modulo_inputs', 'CompiledExplanation', 'explain_compiled']
+           'canonical_modulo_inputs', 'CompiledExplanation', 'judging_registry', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -387,6 +387,22 @@ class CompiledExplanation:
         for k, r in self.reports.items(): print(f"\n--- sanitizer, {k} ---\n{r}")
         self.plot_timelines()
 
+def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) -> StreamRegistry:
+    """The registry to judge `gms` with: `registry` if it knows the current stream (pinned by the passes, or dynamo's
+    ambient stream); else one whose current stream is a fresh index that no graph names and dynamo did not register.
+    Never a stream of the program: without an ambient stream dynamo numbers the program's own streams from 0, and an
+    unpinned registry would take index 0 as the current stream, merging a side stream into it (an inference graph's
+    `annotate` region, whose passes ask for no current stream)."""
+    if registry is not None and (registry.pinned_current is not None or registry.current_streams): return registry
+    used = set().union(*(indices_in_use(g) for g in gms))
+    if ambient := sorted(i for i in used if _registered_as_current(i)):   # dynamo's own current stream, still in its table
+        reg = StreamRegistry(start=100, current_stream=ambient[0])
+        reg.current_streams.update(dict.fromkeys(ambient))
+        return reg
+    fresh = max(used, default=-1) + 1
+    while _registered_stream(fresh): fresh += 1
+    return StreamRegistry(start=max(100, fresh + 1), current_stream=fresh)
+
 def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegistry | None = None,
                      device: str = "H100") -> CompiledExplanation:
     """Simulate (on `device`'s datasheet numbers, whatever device the values are on) and sanitize each graph of `graphs`
@@ -394,7 +410,7 @@ def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegis
     None: the graphs' own numbering)."""
     named = {f"{kind} {i}": g for kind, gms in graphs.items() for i, g in enumerate(gms)}
     if not named: raise StreamnbError("explain_compiled: no graph; call the compiled function (inside the switch) first")
-    with use_registry(registry or StreamRegistry(start=100)):
+    with use_registry(judging_registry(registry, list(named.values()))):
         return CompiledExplanation(
             graphs=named, device=device, timelines={k: simulate(g, device=device, name=k) for k, g in named.items()},
             reports={k: sanitize(g) for k, g in named.items()},
