@@ -21,7 +21,7 @@ from .fastfx import paused_gc
 from .simulator import simulate
 
 # %% auto #0
-__all__ = ['unknown_streams', 'Finding', 'Report', 'on_input', 'sanitize']
+__all__ = ['unknown_streams', 'Finding', 'Report', 'sanitize']
 
 # %% ../nbs/07_sanitizer.ipynb #f82b5c7e
 def _sname(key) -> str:
