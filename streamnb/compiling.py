@@ -19,9 +19,9 @@ from torch.fx import GraphModule
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module, get_stream
-from .graph import StreamnbError, StreamRegistry, canonical, use_registry
+from .graph import PIPELINE_ORDER, StreamnbError, StreamRegistry, canonical, correction, is_bwd_node, use_registry
 from .streamops import decode, indices_in_use, reserve_indices_in_use
-from .pipeline import STREAM_PASSES, run_pass
+from .pipeline import STREAM_PASSES, run_pass, sync_forward
 from .capturing import (add_control_deps_vals, dynamo_notes, dynamo_tables_saved, forward_deps_of_backward_syncs,
                                 partition_cause, restore_dynamo_tables, run_graph, tag_custom_backward)
 from torch.fx import Node
@@ -229,10 +229,31 @@ class use_streamnb_passes(contextlib.ContextDecorator):
                     "explain_compiled judges these graphs as on the device, so it reports the races left."), stacklevel=2)
             self.renumbered.append({} if self.upstream else register_annotated_streams(gm))   # (above)
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
+            if self.renumbered[k]: self._sync_owned_forward(gm, k)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]):
+            if name == PIPELINE_ORDER[-1] and not self.upstream and not any(is_bwd_node(n) for n in gm.graph.nodes):
+                self._protect_inference_frees(gm)
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
         if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
             add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
+
+    @correction(24, "20_compile", "compiled, an `annotate` region runs on a side stream with no forward sync: a region "
+                "that reads a value made before it on the current stream races, and so does what reads the region's "
+                "result, where eager PyTorch (which runs `annotate` on one stream) is safe; in training and inference",
+                "streams the compiler owns get the forward's syncs: in a graph with `annotate` regions the switch inserts "
+                "them (`sync_forward`, the backward's corrected rules) before the other passes; streams the program "
+                "owns (stream objects) keep the program's syncs")
+    def _sync_owned_forward(self, gm: GraphModule, k: int) -> None:
+        "The forward's syncs for the `annotate` regions of graph `k` (its renumbered streams: the compiler's own)."
+        with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]): sync_forward(gm)
+
+    @correction(25, "20_compile", "AOTAutograd runs no dealloc pass on an inference graph (only the epilogue copies' "
+                "streams and the wrap): a value made on one stream and last read on another is freed to its pool with "
+                "nothing protecting it, where a training graph's forward gets a `sync_dealloc` (correction 22)",
+                "the switch runs `sync_deallocations` on an inference graph before wrapping it")
+    def _protect_inference_frees(self, gm: GraphModule) -> None:
+        "The dealloc pass on an inference graph (no backward node), which AOTAutograd does not call there."
+        run_pass(gm, "sync_deallocations", upstream=False, mechanism=self.mechanism, device=self.device)
 
     def _pass(self, name: str) -> Callable:
         def streamnb_pass(gm, *args): return self._run(name, gm, *args)

@@ -144,7 +144,9 @@ class Explanation:
                        f"stream passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs "
                        f"are the program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current "
                        f"stream uses what `side` made). `explain(..., forward_syncs=True)` (CLI: --forward-syncs) inserts "
-                       f"them with the default's rules, beyond PyTorch. The first: {first}", self._entry_note())
+                       f"them with the default's rules, beyond PyTorch, and `torch.compile` under `use_streamnb_passes` "
+                       f"does so by default for `annotate` regions, the streams the compiler owns (correction 24). The "
+                       f"first: {first}", self._entry_note())
 
     def _at_entry(self, e) -> bool:
         "Is finding `e` of the program as written a side stream's read of a graph input (chapter 02, the edges)?"

@@ -77,11 +77,13 @@ def assert_resolved(registry: DynamoRegistry):
 
 
 def processed_joint(fn, inputs, registry: DynamoRegistry, upstream: bool = False, renumbered=None):
-    "`capture(...).process()`'s joint graph, with the annotated regions renumbered as the switch renumbered them."
+    """`capture(...).process()`'s joint graph, with the annotated regions renumbered as the switch renumbered them; in
+    the default mode with the forward's syncs when it has such regions (correction 24: the switch adds them)."""
     cap = capture(fn, *inputs, frontend="dynamo")
     if renumbered: renumber_streams(cap.joint, renumbered)
     cur = registry.pinned_current if registry.pinned_current is not None else cap.current_stream
-    return cap.process(upstream=upstream, registry=StreamRegistry(start=100, current_stream=cur)).joint
+    fs = dict(forward_syncs=True) if renumbered and not upstream else {}
+    return cap.process(upstream=upstream, registry=StreamRegistry(start=100, current_stream=cur), **fs).joint
 
 
 def annotated_streams(gm) -> set[int]:
@@ -358,11 +360,14 @@ def test_inference_graph_goes_through_the_switch():
     "No grad: AOTAutograd's forward-only path calls three of the passes; they are ours too."
     model, (x,) = make_model("two_branch_mlp")
     torch._dynamo.reset()
-    with torch.no_grad(), use_streamnb_passes(cpu_as="meta") as sw:
-        out = torch.compile(model, backend="aot_eager")(x)
+    graphs: dict = {}
+    with torch.no_grad(), use_streamnb_passes(cpu_as="meta") as sw:   # (syncs as on a GPU: the CPU executor runs them)
+        out = torch.compile(model, backend=executor_backend(graphs))(x)
     assert len(sw.graphs) == 1
     assert sw.graphs[0].meta["streamnb_passes"][:1] == ["assign_epilogue_copy_streams"]
+    assert "sync_deallocations" in sw.graphs[0].meta["streamnb_passes"]   # correction 25: inference frees protected
     torch.testing.assert_close(out, model(x))
+    assert sw.explain(graphs).reports["forward 0"].errors == []          # correction 24: the forward is synced
 
 # ----------------------------------------------------------------------------------------------------------------
 # upstream=True equals PyTorch's own passes in the same compile

@@ -68,8 +68,8 @@ def test_build_refuses_unknown_names():
 @pytest.mark.parametrize("name,style", CASES)
 def test_pattern_under_torch_compile(name, style):
     """The same patterns compiled with torch.compile under use_streamnb_passes (streamnb's default, `compile_pattern`):
-    outputs and gradients equal eager PyTorch's; the compiled backward has no sanitizer error; the compiled forward has
-    none where the program syncs it (objects style) and names the missing syncs where it does not (annotate style)."""
+    outputs and gradients equal eager PyTorch's; the compiled backward and forward have no sanitizer error: the program
+    syncs the forward (objects style), or the switch does, its streams being the compiler's (annotate, correction 24)."""
     got = compile_pattern(name, style)
     want = eager(got["model"], *got["inputs"])
     torch.testing.assert_close(got["outputs"], want.outputs if isinstance(want.outputs, tuple) else (want.outputs,))
@@ -78,5 +78,4 @@ def test_pattern_under_torch_compile(name, style):
     assert len(got["graphs"]["forward"]) == len(got["graphs"]["backward"]) == 1
     assert not got["reports"]["backward"].errors
     fw_errors = got["reports"]["forward"].errors
-    if style == "objects" or name == "async_grad_reduce": assert not fw_errors, fw_errors
-    else: assert fw_errors and {e.kind for e in fw_errors} <= {"race", "unsafe_reuse", "unjoined_output"}
+    assert not fw_errors, fw_errors   # objects: the program syncs it; annotate: the switch does (correction 24)
