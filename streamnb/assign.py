@@ -156,12 +156,11 @@ def _on_cpu(n: Node) -> bool:
     try: return get_device(n).type == "cpu"
     except Exception: return False
 
-
 def _sync_name(gm: GraphModule, n: Node) -> str:
     "`n`'s name, with the sync it wraps if it is a `control_deps` node (chapter 13)."
     return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
 
-
+# %% ../nbs/10_backward_streams.ipynb #24035944
 def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
     "Refuse input `i`'s write-back by the runtime wrapper if a forward barrier after its new value `new` joins its stream."
     cap = _first_capture(gm, {new}, get_stream(new), records=True)
@@ -172,7 +171,7 @@ def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
         f"stream barrier inside the compiled region, which orders that stream's work after {new.name}. Move the "
         "barrier after the compiled function call (or the mutation after the barrier)")
 
-
+# %% ../nbs/10_backward_streams.ipynb #b24574a2
 def _versions(copy: Node) -> list[Node]:
     """The input's earlier versions that the write-back `copy`'s source was made from, newest first: functionalization
     writes an in-place op on the input as its functional form, with the input's previous version as first argument.
@@ -183,7 +182,7 @@ def _versions(copy: Node) -> list[Node]:
         if (v := _origin(v.args[0])) is dst: return out
         out.append(v)
 
-
+# %% ../nbs/10_backward_streams.ipynb #a17671f3
 def _refuse_spanning(gm: GraphModule, copy: Node) -> None:
     "Refuse the in-graph write-back `copy` if it spans a forward barrier that joins the stream of a version it writes."
     src = _origin(copy.args[1])

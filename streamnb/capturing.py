@@ -59,6 +59,7 @@ class CPUStream(torch.Stream):
     def record_event(self, event=None): return CPUEvent(device="cpu") if event is None else event
     def synchronize(self) -> None: pass
 
+# %% ../nbs/16_capture.ipynb #54a561d2
 class CPUEvent(torch.Event):
     "A CPU `torch.Event` whose record, wait and synchronize do nothing."
     def record(self, stream=None) -> None: pass
@@ -69,6 +70,7 @@ class CPUEvent(torch.Event):
 
 _CURRENT: CPUStream | None = None            # the CPU stand-in for the current stream
 
+# %% ../nbs/16_capture.ipynb #178ae5c5
 @contextlib.contextmanager
 def cpu_streams(eager: bool = False):
     """Trace (or, with `eager=True`, run) programs written with stream objects on a machine without an accelerator, numbered
@@ -123,6 +125,7 @@ def dynamo_tables_saved() -> list:
     from torch._dynamo import graph_bytecode_inputs as B
     return [t.copy() for t in (B.index_to_bytecode_constructor, B.index_to_external_object_weakref, B.keep_alive)]
 
+# %% ../nbs/16_capture.ipynb #f31ea2ea
 def restore_dynamo_tables(saved: list) -> None:
     "Put dynamo's object table back as `dynamo_tables_saved()` saw it (the same dict and list objects, refilled)."
     from torch._dynamo import graph_bytecode_inputs as B
@@ -136,12 +139,14 @@ def _dynamo_tables_kept():
     try: yield
     finally: restore_dynamo_tables(saved)
 
+# %% ../nbs/16_capture.ipynb #fc47a95a
 def _cause(e: BaseException, cls: type) -> BaseException | None:
     "The first exception of type `cls` in `e`'s chain (torch.compile keeps a backend's error as `inner_exception`)."
     while e is not None and not isinstance(e, cls):
         e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
     return e
 
+# %% ../nbs/16_capture.ipynb #35ae0eaa
 def _where(n: Node) -> str:
     "`line N of fn (code)`: the user's line that made dynamo's node `n`, from its stack trace."
     lines = (n.meta.get("stack_trace") or "").rstrip().splitlines()
@@ -154,6 +159,7 @@ def _host_queries(gm: GraphModule) -> list[str]:
     "Where dynamo's graph `gm` asks a stream or event `query()`."
     return [_where(n) for n in gm.graph.nodes if n.op == "call_method" and n.target == "query"]
 
+# %% ../nbs/16_capture.ipynb #eac783a4
 def _vanished_copies(gm: GraphModule) -> list[str]:
     """Where dynamo's graph `gm` makes a `non_blocking` `.to(...)` that moves nothing here (its tensor is already on
     that device, as a `.to("cpu")` is on a CPU): AOTAutograd's graph has no node for it."""
@@ -163,6 +169,7 @@ def _vanished_copies(gm: GraphModule) -> list[str]:
             and isinstance(n.args[0], Node) and device(n.meta.get("example_value")) is not None
             and device(n.meta.get("example_value")) == device(n.args[0].meta.get("example_value"))]
 
+# %% ../nbs/16_capture.ipynb #705e1431
 def dynamo_notes(gm: GraphModule) -> list[str]:
     """What dynamo's graph `gm` shows and no graph after it does: `query()` calls, whose answer dynamo took as a
     constant, and `non_blocking` copies that move nothing on this machine. A note for each kind, naming the lines."""
@@ -180,6 +187,7 @@ def dynamo_notes(gm: GraphModule) -> list[str]:
                      "this program where the copy is real (a machine with the device).")
     return notes
 
+# %% ../nbs/16_capture.ipynb #f3adff69
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
     which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
@@ -279,6 +287,7 @@ def _in_backward(ctrl: Node, gm: GraphModule) -> bool:
     op = decode(ctrl, gm)
     return op is not None and is_bwd_node(op.call)
 
+# %% ../nbs/16_capture.ipynb #3888fc32
 def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]]:
     """(control_deps node, forward value) pairs where a backward sync depends on, or passes through, a forward value
     (`partitioner_tag == "is_forward"`): what correction 7 of the control_deps chapter rules out."""
@@ -290,6 +299,7 @@ def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]
         out += [(n, a) for a in ins if a.meta.get("partitioner_tag") == "is_forward"]
     return out
 
+# %% ../nbs/16_capture.ipynb #45a81986
 def add_control_deps_vals(gm: GraphModule) -> GraphModule:
     "Give each `control_deps` node a `meta['val']` (the tuple its subgraph returns), as PyTorch PR #192538 does; in place."
     check_graph_module(gm)
@@ -305,6 +315,7 @@ def add_control_deps_vals(gm: GraphModule) -> GraphModule:
 
 PARTITIONERS = ("default", "min_cut")
 
+# %% ../nbs/16_capture.ipynb #fb9979f4
 def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitioner: str = "default"
               ) -> tuple[GraphModule, GraphModule]:
     "Split `joint` into forward and backward with AOTAutograd's `default_partition` or `min_cut_rematerialization_partition`."
@@ -324,6 +335,7 @@ def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitione
         raise PartitionError(f"AOTAutograd's {partitioner} partitioner rejected the joint graph: "
                              f"{type(e).__name__}: {str(e).splitlines()[0]}{why}") from e
 
+# %% ../nbs/16_capture.ipynb #a7c92a97
 def partition_cause(joint: GraphModule) -> str | None:
     "Why AOTAutograd's partitioners reject the processed `joint`, if streamnb knows: correction 7's defect."
     bad = forward_deps_of_backward_syncs(joint)
@@ -392,6 +404,7 @@ class Capture:
         return (f"Capture({getattr(self.fn, '__name__', type(self.fn).__name__)}, streams={sorted(self.streams)}, "
                 f"joint={n(self.joint)} nodes, forward={n(self.forward)}, backward={n(self.backward)}, {how})")
 
+# %% ../nbs/16_capture.ipynb #ec4bf910
 def _flat_fn(fn, param_names, buffer_names, spec_box):
     "A function of flat tensors (parameters, buffers, inputs) returning a flat list of tensors."
     k = len(param_names) + len(buffer_names)
@@ -409,6 +422,7 @@ def _flat_fn(fn, param_names, buffer_names, spec_box):
 
 FRONTENDS = ("auto", "aot", "dynamo")
 
+# %% ../nbs/16_capture.ipynb #86752b42
 def _names_streams(gm: GraphModule) -> bool:
     "True if a node of `gm` runs on an annotated stream or is a stream op."
     return bool(graph_streams(gm)) or any(decode(n) is not None for n in gm.graph.nodes)
@@ -422,6 +436,7 @@ def _first_line(msg: str) -> str:
     where = [l.strip() for l in lines if l.strip().startswith('File "')]
     return lines[0] + (f" ({why}{', at ' + where[-1] if where else ''})" if why else "")
 
+# %% ../nbs/16_capture.ipynb #c19d7421
 def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
     "`_trace_joint`, its failures as a `TraceError` that says what the frontend needs."
     try:
@@ -450,6 +465,7 @@ def _trace(flat_fn: Callable, flat: list, frontend: str, name: str) -> dict:
         raise TraceError(f"{'AOTAutograd' if frontend == 'aot' else 'torch.compile (dynamo)'} could not trace {name}: "
                          f"{type(e).__name__}: {first}. {need}") from e
 
+# %% ../nbs/16_capture.ipynb #6919fc04
 @contextlib.contextmanager
 def _saved_tensors_hooks_refused(name: str):
     """Refuse (`CaptureError`) a program that enters `torch.autograd.graph.saved_tensors_hooks` (or `save_on_cpu`) while
@@ -464,6 +480,7 @@ def _saved_tensors_hooks_refused(name: str):
     finally:
         if used: raise _hooks_error(name, used[0])
 
+# %% ../nbs/16_capture.ipynb #06105370
 def _hooks_error(name: str, hooks: str) -> CaptureError:
     return CaptureError(
         f"{name} uses torch.autograd.graph.{hooks}: AOTAutograd traces the forward and backward without such hooks (they "
@@ -471,6 +488,7 @@ def _hooks_error(name: str, hooks: str) -> CaptureError:
         "activations on a side stream, is in neither graph and streamnb cannot judge it. Capture the model without the "
         "hooks, or write the copies in the forward on a side stream (chapter 17a's activation_copy pattern)")
 
+# %% ../nbs/16_capture.ipynb #974af240
 def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "auto", device: str = "meta") -> Capture:
     """Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are
     before any stream pass. `frontend`: "aot" (`aot_function`: `annotate` regions), "dynamo" (`torch.compile` under
@@ -561,6 +579,7 @@ def _primals(self: Capture, inputs) -> list[torch.Tensor]:
     flat = [*state, *(x.detach() for x in inputs)]
     return [flat[j] for j in self.primal_order]
 
+# %% ../nbs/16_capture.ipynb #db98202c
 def _execute(executor: Callable, gm: GraphModule, args: list) -> list:
     "`executor(gm, *args)` as a list, checked against the number of `gm`'s outputs."
     out = list(executor(gm, *args))
@@ -571,6 +590,7 @@ def _execute(executor: Callable, gm: GraphModule, args: list) -> list:
                            "an executor returns a list with one value per graph output (see run_graph)")
     return out
 
+# %% ../nbs/16_capture.ipynb #c3cc9280
 def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Callable | None = None) -> RunResult:
     """Run forward then backward, each graph by `executor(gm, *args) -> list` (default `run_graph`, on the CPU); outputs,
     one grad per input (None where none is needed), parameter grads by name."""
@@ -599,6 +619,7 @@ _NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event that cpu_stre
                  "events: on a machine without an accelerator write torch.cuda.Stream(), torch.cuda.Event() and "
                  "torch.cuda.current_stream(), which cpu_streams() replaces, or run it where there is a GPU")
 
+# %% ../nbs/16_capture.ipynb #2b599620
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
     "Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with)."
     inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
@@ -617,6 +638,7 @@ def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> R
     pg = {n: (next(gs) if p.requires_grad else None) for n, p in params.items()}
     return RunResult(pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out), grads, pg)
 
+# %% ../nbs/16_capture.ipynb #96163a10
 def _eager(self: Capture, *inputs, grad_outputs=None) -> RunResult:
     "Eager PyTorch on the captured function or module (see `eager`)."
     return eager(self.fn, *inputs, grad_outputs=grad_outputs)

@@ -53,6 +53,7 @@ def write_explanation(ex, out: Path) -> list[Path]:
 class FactoryError(StreamnbError):
     "`streamnb explain FILE.py:FACTORY`: the file or the factory could not give a model and its inputs."
 
+# %% ../nbs/18_cli.ipynb #bf98e783
 def load_factory(target: str) -> tuple:
     """`'path/to/file.py:factory'` -> `(model, inputs)` as `factory()` returns them (under `cpu_streams`, so that streams it
     makes work on a CPU); a `FactoryError` in one line otherwise."""
@@ -88,6 +89,7 @@ def load_factory(target: str) -> tuple:
         raise FactoryError(f"{target}: {name}() must return (model, inputs) with inputs a tuple of tensors")
     return model, tuple(inputs)
 
+# %% ../nbs/18_cli.ipynb #af0d7ec0
 def _what(e: BaseException) -> str:
     "What user code did instead of returning, in words: an exit is named as one (it is not the CLI's own exit)."
     if isinstance(e, SystemExit):
@@ -164,6 +166,7 @@ def _torch_logs_silenced():
     try: yield
     finally: log.setLevel(level)
 
+# %% ../nbs/18_cli.ipynb #d85be2c7
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `streamnb` command; returns the exit status."
     args = parser().parse_args(argv)

@@ -83,6 +83,7 @@ def dynamo_new_event() -> int:
     "A new event in dynamo's registry (`torch._dynamo.variables.streams.new_event`); its index."
     return _dynamo_streams().new_event()
 
+# %% ../nbs/20_compile.ipynb #095706e6
 def dynamo_current_stream(device: torch.device | str | None = None) -> int:
     "The current stream of `device` in dynamo's registry; its index (a CPU stream where torch has no accelerator)."
     S = _dynamo_streams()
@@ -90,6 +91,7 @@ def dynamo_current_stream(device: torch.device | str | None = None) -> int:
     if dev is None or dev.type in ("cpu", "meta") or not torch.accelerator.is_available(): return S.new_stream("cpu")
     return S.get_current_stream(dev)
 
+# %% ../nbs/20_compile.ipynb #0ab90fd6
 class DynamoRegistry(StreamRegistry):
     """A `StreamRegistry` whose new event and current-stream indices are dynamo's, so that the compiled runtime finds
     them; never one of `reserved` (those the graph already uses)."""
@@ -120,6 +122,7 @@ class DynamoRegistry(StreamRegistry):
     def __repr__(self):
         return f"DynamoRegistry(events={self.events}, current_streams={sorted(self.current_streams)})"
 
+# %% ../nbs/20_compile.ipynb #f61913f4
 def _registered_as_current(index: int) -> bool:
     "Did dynamo register `index` as the ambient current stream (a `CurrentStreamSource`)? What a CPU stand-in leaves."
     from torch._dynamo import graph_bytecode_inputs as B
@@ -127,6 +130,7 @@ def _registered_as_current(index: int) -> bool:
     cells = getattr(B.index_to_bytecode_constructor.get(index), "__closure__", None) or ()
     return any(isinstance(c.cell_contents, CurrentStreamSource) for c in cells)
 
+# %% ../nbs/20_compile.ipynb #6e803358
 def traced_current_stream() -> int | None:
     """The index dynamo gave the ambient current stream when it traced (an accelerator is available, or a stand-in such
     as `capturing.cpu_streams` made dynamo register one), else None."""
@@ -198,6 +202,7 @@ def _syncable_cpu_values(gm: GraphModule) -> bool:
     return any(isinstance(v, FakeTensor) and v.device.type == "cpu" for n in gm.graph.nodes
                for v in pytree.tree_leaves(n.meta.get("val")))
 
+# %% ../nbs/20_compile.ipynb #c4c3bb03
 class use_streamnb_passes(contextlib.ContextDecorator):
     """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
     passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
@@ -408,6 +413,7 @@ class CompiledExplanation:
         for k, r in self.reports.items(): print(f"\n--- sanitizer, {k} ---\n{r}")
         self.plot_timelines()
 
+# %% ../nbs/20_compile.ipynb #0e45a299
 def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) -> StreamRegistry:
     """The registry to judge `gms` with: `registry` if it knows the current stream (pinned by the passes, or dynamo's
     ambient stream); else one whose current stream is a fresh index that no graph names and dynamo did not register.
@@ -424,6 +430,7 @@ def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) ->
     while _registered_stream(fresh): fresh += 1
     return StreamRegistry(start=max(100, fresh + 1), current_stream=fresh)
 
+# %% ../nbs/20_compile.ipynb #1c7d5ba7
 def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegistry | None = None,
                      device: str = "H100") -> CompiledExplanation:
     """Simulate (on `device`'s datasheet numbers, whatever device the values are on) and sanitize each graph of `graphs`

@@ -84,6 +84,7 @@ class TwoBranchMLP(nn.Module):
         with on_stream(2): right = self.b2(torch.tanh(self.b1(x)))
         return self.head(left + right)
 
+# %% ../nbs/09_examples.ipynb #97f8e8b7
 class SideStreamConsumer(nn.Module):
     """The record_stream problem: `act` is made on the default stream and last used on side stream 1, so its
     memory must not be reused by the default stream before the side stream is done with it."""
@@ -97,6 +98,7 @@ class SideStreamConsumer(nn.Module):
         with on_stream(1): side = torch.sigmoid(self.side(act)) * act   # last use of act: stream 1
         return main + side
 
+# %% ../nbs/09_examples.ipynb #d53b83fd
 class NoStreams(nn.Module):
     "A plain MLP with no stream annotation at all: capture works, and says there is nothing to do."
     def __init__(self, d=8):
@@ -105,6 +107,7 @@ class NoStreams(nn.Module):
 
     def forward(self, x): return self.net(x)
 
+# %% ../nbs/09_examples.ipynb #20daa9b5
 def two_stream_fn(x, w):
     "A plain function (no module): matmul on stream 1, pointwise on stream 2; `x` is used on both."
     with on_stream(1): a = torch.relu(x @ w)
@@ -120,6 +123,7 @@ MODELS = {   # name -> (constructor, input shape); every model tiny
 }
 STREAM_MODELS = [k for k in MODELS if k != "no_streams"]
 
+# %% ../nbs/09_examples.ipynb #8829816a
 def make_model(name: str, seed: int = 0):
     "A seeded instance of the model `name` (a key of `MODELS`) and its example inputs (one input that requires grad)."
     make, shape = MODELS[name]

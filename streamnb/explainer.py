@@ -57,12 +57,14 @@ def _matches_eager(cap: Capture, inputs) -> bool:
     except AssertionError: return False
     return True
 
+# %% ../nbs/17_explain.ipynb #8b01203f
 def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistry, **kwargs) -> GraphModule:
     "A copy of `gm` with the passes run on it alone."
     gm = copy.deepcopy(gm)
     with use_registry(registry): run_stream_passes(gm, upstream=upstream, device=device, **kwargs)
     return gm
 
+# %% ../nbs/17_explain.ipynb #07884093
 def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool,
               forward_syncs: bool = False) -> ModeResult:
     mode = "upstream" if upstream else "default"
@@ -82,6 +84,7 @@ def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: Strea
                       capture=processed, error=error,
                       matches_eager=_matches_eager(processed, inputs) if (check and processed is not None) else None)
 
+# %% ../nbs/17_explain.ipynb #d0f58318
 def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
     "`rows` as a fixed-width table with a rule under the header (floats to 4 digits, None as '-')."
     fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
@@ -91,6 +94,7 @@ def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
     lines.insert(1, "  ".join("-" * x for x in w))
     return lines
 
+# %% ../nbs/17_explain.ipynb #c43fc6d3
 def _summed(errors: list) -> tuple[str, str]:
     "`3 sanitizer error(s) (2 race, 1 unsafe_reuse)`, races first, and the first line of the one to fix first."
     errors = sorted(errors, key=lambda e: e.kind != "race")
@@ -99,6 +103,7 @@ def _summed(errors: list) -> tuple[str, str]:
 
 def _joined(*notes) -> str | None: return "\n".join(n for n in notes if n) or None   # one note a line
 
+# %% ../nbs/17_explain.ipynb #cbe1e9d4
 @dataclass
 class Explanation:
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
@@ -240,6 +245,7 @@ class Explanation:
         "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
+# %% ../nbs/17_explain.ipynb #29e31a88
 def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
     """`sanitize` of `cap`'s forward before any pass: the program as eager PyTorch runs it, its inputs made on the
     caller's current stream (`inputs_ready="made"`, chapter 02), so a side stream that reads one without a wait races.
@@ -254,10 +260,12 @@ def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
     report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
     return report
 
+# %% ../nbs/17_explain.ipynb #d35b0c20
 def _call_of(n: Node):
     "Which traced call of a Function's backward made `n`: dynamo's id of the subgraph it came from (None: not recorded)."
     return getattr((n.meta.get("from_node") or [None])[0], "graph_id", None)
 
+# %% ../nbs/17_explain.ipynb #c968bd80
 def _one_call(region: list[Node], stream: int | None, registry: StreamRegistry | None) -> Report:
     """`sanitize` of one call of a Function's backward as a program of its own, run on `stream`: each tensor it reads
     from outside is handed over there (a copy on `stream`, named as the input), and what it returns is read there."""
@@ -275,6 +283,7 @@ def _one_call(region: list[Node], stream: int | None, registry: StreamRegistry |
     return sanitize(GraphModule(torch.nn.Module(), g), registry=registry,
                     current_streams=None if stream is None else {stream})
 
+# %% ../nbs/17_explain.ipynb #ba601599
 def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = None) -> tuple[Report | None, list[str]]:
     """`sanitize` of `cap`'s custom `autograd.Function` backwards (`Capture.custom_backward`) as eager PyTorch runs them
     (None if it has none), and the calls it could not judge. The autograd engine runs a Function's backward on the
@@ -299,6 +308,7 @@ def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = N
         report.errors += r.errors; report.warnings += r.warnings
     return report, unjudged
 
+# %% ../nbs/17_explain.ipynb #c57e32f0
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
             show: bool = False, log: Callable[[str], None] | None = None, frontend: str = "auto",
             forward_syncs: bool = False) -> Explanation:
@@ -330,6 +340,7 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
     if show: show_explanation(ex)
     return ex
 
+# %% ../nbs/17_explain.ipynb #3f5b686d
 def show_explanation(ex: Explanation) -> None:
     "Print the summary and the sanitizer reports; draw the timelines and the memory curves."
     print(ex.summary_text())

@@ -118,6 +118,7 @@ def subgraph_name(gm: GraphModule, name: str) -> str:
 
 _NAMES: dict = {}   # (target, Node arguments, deps) -> what FX names a subgraph of that shape (see `_subgraph_names`)
 
+# %% ../nbs/90_fastfx.ipynb #c65394bc
 def _subgraph_names(target: Any, n_args: int, n_deps: int) -> tuple:
     """The names FX gives a sync's subgraph nodes in a fresh graph, in order (`arg_i`, `dep_i`, the call, the output),
     and its namespace's used names and base counts after them: FX's own naming, run once per shape on a scratch graph."""
@@ -131,6 +132,7 @@ def _subgraph_names(target: Any, n_args: int, n_deps: int) -> tuple:
         if len(_NAMES) < 10_000: _NAMES[key] = hit   # shapes are few: sync ops times small dep counts
     return hit
 
+# %% ../nbs/90_fastfx.ipynb #769f3a7d
 def _named_node(sub: Graph, name: str, op: str, target: Any, args: tuple) -> Node:
     "`create_node` with the name already known (a fresh subgraph's: `_subgraph_names`), at the end of `sub`."
     n = Node(sub, name, op, target, args, immutable_dict(), None)
@@ -140,6 +142,7 @@ def _named_node(sub: Graph, name: str, op: str, target: Any, args: tuple) -> Nod
     sub._len += 1
     return n
 
+# %% ../nbs/90_fastfx.ipynb #744b4f01
 def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Node] | None = None) -> GraphModule:
     "A module that re-runs `node`'s call on its Node arguments and returns `(result, *additional_deps)`."
     owner = graph.owning_module
@@ -169,6 +172,7 @@ def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Nod
     elif "val" in result.meta: out.meta["val"] = result.meta["val"]
     return _lazy_module(owner, sub)
 
+# %% ../nbs/90_fastfx.ipynb #098cc2ef
 def _lazy_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
     "`_LazyGraphModule(root, graph)` for a `graph` without `get_attr`/`call_module` nodes (a sync's subgraph)."
     cls = type("GraphModule", (_P.lazy,), {"__module__": GraphModule.__module__, "forward": _P.lazy._lazy_forward,

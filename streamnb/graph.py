@@ -355,12 +355,14 @@ def _tensor_returns(target) -> int:
     rets = target._schema.returns
     return len(rets) if rets and all(type(r.type) is torch.TensorType for r in rets) else 0
 
+# %% ../nbs/01_graph.ipynb #7012fd01
 def _not_a_tensor(n: Node, val: Any) -> bool:
     "Is `val` not what `n`'s `aten` op makes: a tensor (one result), or a tuple or list of tensors or None (several)?"
     k = _tensor_returns(n.target) if n.op == "call_function" else 0
     if k == 1: return not isinstance(val, torch.Tensor)
     return k > 1 and not (isinstance(val, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in val))
 
+# %% ../nbs/01_graph.ipynb #a104e310
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
     """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph (a cycle, a
     dangling argument), a name used twice, a second `output` node, a user that is not in the graph, a bad stream
@@ -400,6 +402,7 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
                 raise StreamnbError(f"node {n.name}: its users hold {u.name}, a node not in this graph (erased, or of "
                                     "another graph)")
 
+# %% ../nbs/01_graph.ipynb #f5b2b917
 def require_val(need_val: Collection[Node]) -> None:
     """`validate(gm, need_val)` on a graph that already passed `validate(gm)` and has not changed since (a pass that
     learns which values it reads after its checks): a `MissingValError` naming the first node of `need_val` in graph
@@ -437,6 +440,7 @@ def mark_processed(gm: GraphModule, name: str) -> None:
 # %% ../nbs/01_graph.ipynb #826dbe47
 _open: contextvars.ContextVar[frozenset] = contextvars.ContextVar("streamnb_transactions", default=frozenset())
 
+# %% ../nbs/01_graph.ipynb #6e2947ce
 class _Snapshot:
     "What a pass may change on `gm`, saved so that `restore` can put it back."
     def __init__(self, gm: GraphModule):
@@ -485,6 +489,7 @@ class _Snapshot:
         else: g._streamnb_passes = self.graph_marks
         if g is not self.graph: gm.graph = g   # the fallback: the copy, with new Node objects
 
+# %% ../nbs/01_graph.ipynb #f844a095
 @contextlib.contextmanager
 def transaction(gm: GraphModule) -> Iterator[None]:
     "Run the block on `gm` atomically: on any exception, `gm` is put back exactly as it was, then the error propagates."

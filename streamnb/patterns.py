@@ -73,6 +73,7 @@ class MoESharedExpert(TwoStyles):
         self.join(1, shared)
         return routed + shared
 
+# %% ../nbs/17a_patterns.ipynb #f37abcdc
 class ParallelBlock(TwoStyles):
     "GPT-J: attention and MLP of one pre-norm block side by side on two streams, summed into the residual."
     def __init__(self, style: str, d: int = 16):
@@ -89,6 +90,7 @@ class ParallelBlock(TwoStyles):
         self.join(1, attn); self.join(2, mlp)
         return x + attn + mlp
 
+# %% ../nbs/17a_patterns.ipynb #bc19470a
 class DualNorm(TwoStyles):
     "DeepSeek-V3 MLA: the q and kv low-rank projections normalised on two streams."
     def __init__(self, style: str, d: int = 16, r: int = 8):
@@ -102,6 +104,7 @@ class DualNorm(TwoStyles):
         self.join(1, q); self.join(2, kv)
         return self.out(torch.cat([q, kv], -1))
 
+# %% ../nbs/17a_patterns.ipynb #25d19403
 class BatchPrefetch(TwoStyles):
     "apex's data_prefetcher: the next batch is normalised on a side stream and handed over with an event and record_stream."
     def __init__(self, style: str, d: int = 16):
@@ -117,6 +120,7 @@ class BatchPrefetch(TwoStyles):
         nxt = self.handover(ready, nxt)
         return out, self.net(nxt)
 
+# %% ../nbs/17a_patterns.ipynb #647256c5
 class WeightPrefetch(TwoStyles):
     "FSDP2: the next layer's weight is gathered (here: copied) on a side stream while this layer computes."
     def __init__(self, style: str, d: int = 16, layers: int = 3):
@@ -134,6 +138,7 @@ class WeightPrefetch(TwoStyles):
             if i + 1 < len(self.weights): w = w_next
         return x
 
+# %% ../nbs/17a_patterns.ipynb #2784536e
 class ActivationCopy(TwoStyles):
     "torchtune-style offloading: an activation is copied on a side stream (to the host, in real life) and used later."
     def __init__(self, style: str, d: int = 16):
@@ -147,6 +152,7 @@ class ActivationCopy(TwoStyles):
         saved = self.handover(ready, saved)
         return y + saved
 
+# %% ../nbs/17a_patterns.ipynb #baaa9608
 class _ReduceGrad(torch.autograd.Function):
     "Identity forward; the backward scales the gradient (an all-reduce's stand-in) on a side stream and joins it."
     @staticmethod
@@ -164,6 +170,7 @@ class _ReduceGrad(torch.autograd.Function):
             torch.cuda.current_stream().wait_stream(side)
         return r, None
 
+# %% ../nbs/17a_patterns.ipynb #df8f715a
 class AsyncGradReduce(TwoStyles):
     "Megatron-LM: a weight's gradient is reduced on a side stream inside a custom autograd.Function's backward."
     def __init__(self, style: str, d: int = 16):

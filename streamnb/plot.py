@@ -175,6 +175,7 @@ def _check_timelines(timelines) -> None:
         if not (hasattr(tl, "spans") and hasattr(tl, "makespan")):   # a Timeline (or one made in a chapter's cells)
             raise TypeError(f"timelines: argument {i} is a {type(tl).__name__}, not a Timeline (make one with simulate(gm))")
 
+# %% ../nbs/05_plot.ipynb #d18d5979
 def plot_timeline(*timelines: Timeline, titles: Sequence[str] | None = None, ax: Axes | Sequence[Axes] | None = None,
                   width: float = 10.0, marks=None, label=(), racing=None) -> Figure:
     """Gantt chart of one or more timelines, stacked top to bottom on a shared time axis in µs. `marks`: the kinds of
