@@ -70,6 +70,29 @@ class CPUEvent(torch.Event):
 
 _CURRENT: CPUStream | None = None            # the CPU stand-in for the current stream
 
+# %% ../nbs/16_capture.ipynb #66a11299
+def _stand_ins() -> tuple:
+    "`torch.cuda.Stream`, `torch.Event`, `torch.cuda.Event` and `torch.cuda.stream` as `cpu_streams` replaces them."
+    def cuda_stream(device=None, priority=0, **kwargs):   # dynamo traces torch's own class, not a subclass
+        return (torch.Stream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
+    def any_event(device=None, **kwargs): return (torch.Event if torch.compiler.is_compiling() else CPUEvent)(**kwargs)
+    def cuda_event(enable_timing=False, blocking=False, interprocess=False):
+        return any_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
+    return cuda_stream, any_event, cuda_event, stream_context
+
+def _record_event_method(S) -> Callable:
+    "dynamo's `StreamVariable.call_method` (`S`: its module), with `s.record_event()` handed an event to record."
+    stream_method = S.StreamVariable.call_method
+    def call_method(self, tx, name, args, kwargs):   # `s.record_event()`: dynamo asks the real stream for the event,
+        if name == "record_event" and not args and not kwargs:   # which a CPU stream cannot make; hand it a new
+            from torch._dynamo.graph_bytecode_inputs import register_graph_created_object   # torch.Event to record,
+            made = S.EventVariable.make_construct_in_graph_event_fn(S.TupleVariable([]), S.ConstDictVariable({}))
+            event = torch.Event()                    # rebuilt in the compiled code as dynamo rebuilds its own: torch.Event()
+            args = [S.EventVariable(None, event, register_graph_created_object(event, made))]
+        return stream_method(self, tx, name, args, kwargs)
+    return call_method
+
 # %% ../nbs/16_capture.ipynb #178ae5c5
 @contextlib.contextmanager
 def cpu_streams(eager: bool = False):
@@ -84,21 +107,9 @@ def cpu_streams(eager: bool = False):
     init = S.SymbolicStreamState.__init__
     def state_init(self):                   # dynamo registers the ambient stream (index 0) if there is an accelerator
         with mock.patch.object(torch.accelerator, "is_available", lambda: True): init(self)
-    def cuda_stream(device=None, priority=0, **kwargs):   # dynamo traces torch's own class, not a subclass
-        return (torch.Stream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
-    def any_event(device=None, **kwargs): return (torch.Event if torch.compiler.is_compiling() else CPUEvent)(**kwargs)
-    def cuda_event(enable_timing=False, blocking=False, interprocess=False):
-        return any_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
-    def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
+    cuda_stream, any_event, cuda_event, stream_context = _stand_ins()
     the_current = lambda device=None: current
-    stream_method = S.StreamVariable.call_method
-    def call_method(self, tx, name, args, kwargs):   # `s.record_event()`: dynamo asks the real stream for the event,
-        if name == "record_event" and not args and not kwargs:   # which a CPU stream cannot make; hand it a new
-            from torch._dynamo.graph_bytecode_inputs import register_graph_created_object   # torch.Event to record,
-            made = S.EventVariable.make_construct_in_graph_event_fn(S.TupleVariable([]), S.ConstDictVariable({}))
-            event = torch.Event()                    # rebuilt in the compiled code as dynamo rebuilds its own: torch.Event()
-            args = [S.EventVariable(None, event, register_graph_created_object(event, made))]
-        return stream_method(self, tx, name, args, kwargs)
+    call_method = _record_event_method(S)
     with contextlib.ExitStack() as stack:
         enter = lambda p: stack.enter_context(p)
         enter(mock.patch.object(S.SymbolicStreamState, "__init__", state_init))
@@ -187,27 +198,12 @@ def dynamo_notes(gm: GraphModule) -> list[str]:
                      "this program where the copy is real (a machine with the device).")
     return notes
 
-# %% ../nbs/16_capture.ipynb #f3adff69
-def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
-    """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
-    which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
-    import torch._functorch._aot_autograd.graph_capture as GC
-    from functorch.compile import aot_function, make_boxed_func
-    from torch._functorch.partitioners import default_partition
+# %% ../nbs/16_capture.ipynb #f99a53b0
+def _dynamo_backend(flat_args: list[torch.Tensor], got: dict, partition_fn: Callable) -> Callable:
+    """The backend `_trace_joint` hands `torch.compile`: it notes which of `flat_args` each graph input is (in `got`), and
+    AOTAutograd's joint graph reaches `partition_fn`; the forward runs on the CPU executor (stream ops: no-ops)."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
-    got: dict = {"order": list(range(len(flat_args)))}
-    def skip(name):
-        def no_pass(gm, *args, **kwargs):
-            # torch's own passes must not run: they would call get_current_stream (no accelerator here) and we
-            # want the graph they would have been given. We keep what the metadata pass would have read.
-            if name == "populate_fw_metadata_with_stream_indices": got["fw_metadata"] = args[0]
-        return no_pass
-    def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
-        got.update(joint=copy.deepcopy(joint), joint_inputs=joint_inputs, num_fwd_outputs=num_fwd_outputs)
-        if frontend == "aot": raise _Captured             # nothing is compiled or run
-        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-    never = lambda gm, _: gm
-    on_cpu = lambda gm, _: make_boxed_func(lambda *args: run_graph(gm, *args))   # stream ops: no-ops
     def backend(gm, example_inputs):                      # dynamo: which of our tensors each graph input is
         if (size := next((x for x in example_inputs if not isinstance(x, torch.Tensor)), None)) is not None:
             raise CaptureError(f"the program has a dynamic dimension: dynamo made its size {size} a graph input (a "
@@ -220,7 +216,30 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
                                f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
                                "input, or make the program an nn.Module that holds it")
         got["order"], got["dynamo_notes"] = order, dynamo_notes(gm)
-        return aot_autograd(fw_compiler=on_cpu, bw_compiler=never, partition_fn=partition_fn)(gm, example_inputs)
+        on_cpu = lambda g, _: make_boxed_func(lambda *args: run_graph(g, *args))   # stream ops: no-ops
+        return aot_autograd(fw_compiler=on_cpu, bw_compiler=lambda g, _: g, partition_fn=partition_fn)(gm, example_inputs)
+    return backend
+
+# %% ../nbs/16_capture.ipynb #f3adff69
+def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
+    """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
+    which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
+    import torch._functorch._aot_autograd.graph_capture as GC
+    from functorch.compile import aot_function
+    from torch._functorch.partitioners import default_partition
+    got: dict = {"order": list(range(len(flat_args)))}
+    def skip(name):
+        def no_pass(gm, *args, **kwargs):
+            # torch's own passes must not run: they would call get_current_stream (no accelerator here) and we
+            # want the graph they would have been given. We keep what the metadata pass would have read.
+            if name == "populate_fw_metadata_with_stream_indices": got["fw_metadata"] = args[0]
+        return no_pass
+    def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        got.update(joint=copy.deepcopy(joint), joint_inputs=joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        if frontend == "aot": raise _Captured             # nothing is compiled or run
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    never = lambda gm, _: gm
+    backend = _dynamo_backend(flat_args, got, partition_fn)
     with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}), _dynamo_tables_kept():
         try:
             if frontend == "aot":
@@ -488,6 +507,36 @@ def _hooks_error(name: str, hooks: str) -> CaptureError:
         "activations on a side stream, is in neither graph and streamnb cannot judge it. Capture the model without the "
         "hooks, or write the copies in the forward on a side stream (chapter 17a's activation_copy pattern)")
 
+# %% ../nbs/16_capture.ipynb #c1311718
+def _traced(flat_fn: Callable, flat: list, frontend: str, name: str) -> tuple[dict, str]:
+    """`_trace` with `frontend`; "auto": "aot", then "dynamo" if that fails or sees no stream. What it got, and the frontend
+    used."""
+    used = "aot" if frontend == "auto" else frontend
+    try: got, failed = _trace(flat_fn, flat, used, name), None
+    except TraceError as e:
+        if frontend != "auto": raise
+        got, failed = None, e
+    if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
+        try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
+        except TraceError as e:
+            if failed is not None and re.search(r"requires CUDA|not compiled with CUDA", str(failed)):
+                raise TraceError(f"{e} (frontend 'aot' cannot read the device's streams and events here: they "
+                                 "need CUDA)") from e   # dynamo's failure is the one that tells the user something
+            if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
+            again = None
+        if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
+    return got, used
+
+def _stream_notes(name: str, joint: GraphModule, streams: set) -> list[str]:
+    "What `capture` says of a joint graph with no stream annotation (none if it has some)."
+    if streams: return []
+    if not _names_streams(joint):   # (no annotation and no stream op)
+        return [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. Mark regions "
+                "with torch.fx.traceback.annotate({'stream': i}), or use stream objects (torch.cuda.Stream, torch.Stream) "
+                "with frontend='dynamo' or 'auto'."]
+    return [f"{name} has stream ops but no op of its trace runs on a side stream: its stream regions hold no op in "
+            "the graph, so no access across streams is there to judge."]
+
 # %% ../nbs/16_capture.ipynb #974af240
 def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "auto", device: str = "meta") -> Capture:
     """Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are
@@ -507,23 +556,12 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     if not any(t.requires_grad for t in flat):
         raise NoGradError(f"{name}: no input requires grad and there are no trainable parameters, so there is no "
                           "backward graph; call .requires_grad_() on an input")
+    if not torch.is_grad_enabled():   # (AOTAutograd traces a forward only: no joint graph)
+        raise NoGradError(f"{name}: grad mode is off (torch.no_grad or torch.inference_mode), so there is no backward graph; "
+                          "capture needs one (forward-only programs are not captured yet): call it with grad enabled")
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
-    used = "aot" if frontend == "auto" else frontend
-    with _saved_tensors_hooks_refused(name):
-        try: got, failed = _trace(flat_fn, flat, used, name), None
-        except TraceError as e:
-            if frontend != "auto": raise
-            got, failed = None, e
-        if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
-            try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
-            except TraceError as e:
-                if failed is not None and re.search(r"requires CUDA|not compiled with CUDA", str(failed)):
-                    raise TraceError(f"{e} (frontend 'aot' cannot read the device's streams and events here: they "
-                                     "need CUDA)") from e   # dynamo's failure is the one that tells the user something
-                if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
-                again = None
-            if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
+    with _saved_tensors_hooks_refused(name): got, used = _traced(flat_fn, flat, frontend, name)
     joint, meta = got["joint"], got["fw_metadata"]
     custom = tag_custom_backward(joint) if used == "dynamo" else []   # a custom autograd.Function's backward: its tags
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
@@ -531,13 +569,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                            "not supported; use .eval() for such layers or avoid in-place updates of inputs")
     streams = graph_streams(joint)
     on_device(joint, device)
-    synced = not streams and _names_streams(joint)   # (no annotation: so a stream op)
-    notes = [] if streams else [f"{name} has no stream annotations: the stream passes will leave its graphs unchanged. "
-                                "Mark regions with torch.fx.traceback.annotate({'stream': i}), or use stream objects "
-                                "(torch.cuda.Stream, torch.Stream) with frontend='dynamo' or 'auto'." if not synced else
-                                f"{name} has stream ops but no op of its trace runs on a side stream: its stream regions "
-                                "hold no op in the graph, so no access across streams is there to judge."]
-    notes += got.get("dynamo_notes", [])   # what only dynamo's graph showed
+    notes = _stream_notes(name, joint, streams) + got.get("dynamo_notes", [])   # and what only dynamo's graph showed
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
     # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),

@@ -202,21 +202,9 @@ def _syncable_cpu_values(gm: GraphModule) -> bool:
     return any(isinstance(v, FakeTensor) and v.device.type == "cpu" for n in gm.graph.nodes
                for v in pytree.tree_leaves(n.meta.get("val")))
 
-# %% ../nbs/20_compile.ipynb #c4c3bb03
-class use_streamnb_passes(contextlib.ContextDecorator):
-    """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
-    passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
-    call sites, with dynamo's indices."""
-    def __init__(self, upstream: bool = False, *, mechanism: str = "sync_dealloc", device="H100",
-                 cpu_as: str | None = None):
-        self.upstream, self.mechanism, self.device, self.cpu_as = upstream, mechanism, device, cpu_as
-        self.graphs: list[GraphModule] = []           # the graphs processed, in order (AOTAutograd's objects)
-        self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
-        self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
-        self._saved: list[dict] = []
-        self._memos: list[dict] = []                  # per graph: `values_on`'s conversions
-        self._warned = False
-
+# %% ../nbs/20_compile.ipynb #d11bc986
+class _use_streamnb_passesPart1:
+    "One pass of the switch on one graph: its registry, its renumbered regions, the pass (a part of `use_streamnb_passes`)."
     def _run(self, name: str, gm: GraphModule, *args):
         k = next((i for i, g in enumerate(self.graphs) if g is gm), None)
         if k is None:                                 # the first pass on this graph
@@ -242,24 +230,9 @@ class use_streamnb_passes(contextlib.ContextDecorator):
         if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
             add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
 
-    @correction(24, "20_compile", "compiled, an `annotate` region runs on a side stream with no forward sync: a region "
-                "that reads a value made before it on the current stream races, and so does what reads the region's "
-                "result, where eager PyTorch (which runs `annotate` on one stream) is safe; in training and inference",
-                "streams the compiler owns get the forward's syncs: in a graph with `annotate` regions the switch inserts "
-                "them (`sync_forward`, the backward's corrected rules) before the other passes; streams the program "
-                "owns (stream objects) keep the program's syncs")
-    def _sync_owned_forward(self, gm: GraphModule, k: int) -> None:
-        "The forward's syncs for the `annotate` regions of graph `k` (its renumbered streams: the compiler's own)."
-        with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]): sync_forward(gm)
-
-    @correction(25, "20_compile", "AOTAutograd runs no dealloc pass on an inference graph (only the epilogue copies' "
-                "streams and the wrap): a value made on one stream and last read on another is freed to its pool with "
-                "nothing protecting it, where a training graph's forward gets a `sync_dealloc` (correction 22)",
-                "the switch runs `sync_deallocations` on an inference graph before wrapping it")
-    def _protect_inference_frees(self, gm: GraphModule) -> None:
-        "The dealloc pass on an inference graph (no backward node), which AOTAutograd does not call there."
-        run_pass(gm, "sync_deallocations", upstream=False, mechanism=self.mechanism, device=self.device)
-
+# %% ../nbs/20_compile.ipynb #ccd800ed
+class _use_streamnb_passesPart2:
+    "The switch's context-manager side: patching the call sites in and out, and explaining what it compiled."
     def _pass(self, name: str) -> Callable:
         def streamnb_pass(gm, *args): return self._run(name, gm, *args)
         streamnb_pass.__name__, streamnb_pass.__qualname__ = name, f"use_streamnb_passes.{name}"
@@ -292,6 +265,39 @@ class use_streamnb_passes(contextlib.ContextDecorator):
 
     def __repr__(self):
         return f"use_streamnb_passes(upstream={self.upstream}, mechanism={self.mechanism!r}, graphs={len(self.graphs)})"
+
+# %% ../nbs/20_compile.ipynb #c4c3bb03
+class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, contextlib.ContextDecorator):
+    """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
+    passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
+    call sites, with dynamo's indices."""
+    def __init__(self, upstream: bool = False, *, mechanism: str = "sync_dealloc", device="H100",
+                 cpu_as: str | None = None):
+        self.upstream, self.mechanism, self.device, self.cpu_as = upstream, mechanism, device, cpu_as
+        self.graphs: list[GraphModule] = []           # the graphs processed, in order (AOTAutograd's objects)
+        self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
+        self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
+        self._saved: list[dict] = []
+        self._memos: list[dict] = []                  # per graph: `values_on`'s conversions
+        self._warned = False
+
+    @correction(24, "20_compile", "compiled, an `annotate` region runs on a side stream with no forward sync: a region "
+                "that reads a value made before it on the current stream races, and so does what reads the region's "
+                "result, where eager PyTorch (which runs `annotate` on one stream) is safe; in training and inference",
+                "streams the compiler owns get the forward's syncs: in a graph with `annotate` regions the switch inserts "
+                "them (`sync_forward`, the backward's corrected rules) before the other passes; streams the program "
+                "owns (stream objects) keep the program's syncs")
+    def _sync_owned_forward(self, gm: GraphModule, k: int) -> None:
+        "The forward's syncs for the `annotate` regions of graph `k` (its renumbered streams: the compiler's own)."
+        with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]): sync_forward(gm)
+
+    @correction(25, "20_compile", "AOTAutograd runs no dealloc pass on an inference graph (only the epilogue copies' "
+                "streams and the wrap): a value made on one stream and last read on another is freed to its pool with "
+                "nothing protecting it, where a training graph's forward gets a `sync_dealloc` (correction 22)",
+                "the switch runs `sync_deallocations` on an inference graph before wrapping it")
+    def _protect_inference_frees(self, gm: GraphModule) -> None:
+        "The dealloc pass on an inference graph (no backward node), which AOTAutograd does not call there."
+        run_pass(gm, "sync_deallocations", upstream=False, mechanism=self.mechanism, device=self.device)
 
 # %% ../nbs/20_compile.ipynb #c168df99
 class CompileFailure(StreamnbError, RuntimeError):

@@ -97,19 +97,9 @@ def _positional(op, args: tuple, kwargs: dict) -> tuple:
             if a.name in kwargs or a.has_default_value())
     return (*args, *rest)
 
-# %% ../nbs/19_cuda.ipynb #b9983acc
-class StreamInterpreter(torch.fx.Interpreter):
-    "Run a processed graph with a backend's streams and events; `timing=True` marks each compute node."
-    def __init__(self, gm: GraphModule, backend, *, registry: StreamRegistry | None = None,
-                 device: torch.device | str | None = None, single_stream: bool = False, timing: bool = False,
-                 _state: _RunState | None = None, _where: str = ""):
-        super().__init__(gm, garbage_collect_values=True)
-        self.backend, self.registry = backend, (registry if registry is not None else get_registry())
-        self.device = torch.device(device) if device is not None else None
-        self.single_stream, self.timing = single_stream, timing
-        self.state = _state if _state is not None else _RunState()
-        self._where = _where   # the outer control_deps node, when running its subgraph
-
+# %% ../nbs/19_cuda.ipynb #3ceb5172
+class _StreamInterpreterPart1:
+    "The streams and events of a `StreamInterpreter` run, and the first stream ops (a part of it)."
     # -- index -> object -------------------------------------------------------------------------------------
     def current(self):
         if self.state.current is None: self.state.current = self.backend.current_stream()
@@ -136,19 +126,30 @@ class StreamInterpreter(torch.fx.Interpreter):
     def _record_event(self, n, event, stream):
         if event not in self.state.events: self.state.events[event] = self.backend.new_event(event)
         self.backend.record(self.state.events[event], self.stream(stream))
+
     def _wait_event(self, n, event, stream): self.backend.wait(self.recorded_event(event, n), self.stream(stream))
+
     def _synchronize_event(self, n, event): self.backend.synchronize_event(self.recorded_event(event, n))
+
+# %% ../nbs/19_cuda.ipynb #be883b80
+class _StreamInterpreterPart2:
+    "The other stream ops of a `StreamInterpreter` run (a part of it)."
     def _synchronize_stream(self, n, stream): self.backend.synchronize_stream(self.stream(stream))
+
     def _synchronize_device(self, n, device_type=None, index=None): self.backend.synchronize_device(device_type, index)
+
     def _wait_stream(self, n, waiting, waited_on): self.backend.wait_stream(self.stream(waiting), self.stream(waited_on))
+
     def _sync_dealloc(self, n, event, stream, tensor):
         # `tensor` is alive here because it is this node's argument; the interpreter frees it after this node.
         self.backend.wait(self.recorded_event(event, n), self.stream(stream))
+
     def _record_stream(self, n, tensor, stream):
         arg = decode(n).tensor
         self.backend.record_stream(tensor, self.stream(stream), arg.name if isinstance(arg, Node) else str(arg))
 
     def _fork(self, n, from_index, to_index): pass   # the host's current stream: every node names its own stream
+
     def _join(self, n, from_index, to_index): pass
 
     def _control_deps(self, n, deps, subgraph, *passthrough):
@@ -158,6 +159,9 @@ class StreamInterpreter(torch.fx.Interpreter):
                            _where=f"{self._where}{n.name}/")
         return inner.run(*passthrough)
 
+# %% ../nbs/19_cuda.ipynb #b8a55cac
+class _StreamInterpreterPart3:
+    "How a `StreamInterpreter` runs one node: a stream op, or a compute node on its stream (a part of it)."
     # -- dispatch ------------------------------------------------------------------------------------------------
     # (a stream op's arguments are bound to its schema first: keyword forms such as
     #  `record_event(event_index=7, stream_index=1)` reach the handlers as positional arguments)
@@ -189,6 +193,19 @@ class StreamInterpreter(torch.fx.Interpreter):
     def _stream_label(self, index):
         "The stream a timeline shows a node on, named as the simulator names it."
         return current_stream_key(self.registry) if self.single_stream else physical_stream(index, self.registry)
+
+# %% ../nbs/19_cuda.ipynb #b9983acc
+class StreamInterpreter(_StreamInterpreterPart1, _StreamInterpreterPart2, _StreamInterpreterPart3, torch.fx.Interpreter):
+    "Run a processed graph with a backend's streams and events; `timing=True` marks each compute node."
+    def __init__(self, gm: GraphModule, backend, *, registry: StreamRegistry | None = None,
+                 device: torch.device | str | None = None, single_stream: bool = False, timing: bool = False,
+                 _state: _RunState | None = None, _where: str = ""):
+        super().__init__(gm, garbage_collect_values=True)
+        self.backend, self.registry = backend, (registry if registry is not None else get_registry())
+        self.device = torch.device(device) if device is not None else None
+        self.single_stream, self.timing = single_stream, timing
+        self.state = _state if _state is not None else _RunState()
+        self._where = _where   # the outer control_deps node, when running its subgraph
 
     def run(self, *args, **kwargs):
         if self._where: return super().run(*args, **kwargs)   # a control_deps subgraph: no fences, no clock

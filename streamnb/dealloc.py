@@ -66,8 +66,26 @@ class SeedDealloc:
         "Step 5: is `node` a tensor the pass protects? The backward's only."
         return is_bwd_node(node)
 
+# %% ../nbs/12_dealloc.ipynb #095e8d95
+class _CorrectedDeallocSteps:
+    "How the corrected dealloc pass finds a tensor's allocator and the `meta['val']`s it reads (a part of `CorrectedDealloc`)."
+    def allocator(self, node: Node) -> Node:   # 15: a getitem frees its output of a node with several outputs
+        return owner(self._storage(node.graph)[0], node) or node
+
+    def _storage(self, graph: Graph) -> tuple:
+        "The storage model (chapter 02) of `graph`, read once: (node -> memory, block -> aliases)."
+        if getattr(self, "_graph", None) is not graph:
+            self._graph, self._mem = graph, storages(graph)
+            self._aliases = aliases(self._mem)
+        return self._mem, self._aliases
+
+    def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a node on a timeline reads
+        fns = [n for n in gm.graph.nodes if n.op == "call_function"]
+        fw = len({get_stream(n) for n in fns if not is_bwd_node(n)}) > 1   # the forward's timelines may be needed (22)
+        return {v for n in fns if fw or is_bwd_node(n) for v in val_nodes(n)}
+
 # %% ../nbs/12_dealloc.ipynb #c9fdc550
-class CorrectedDealloc(SeedDealloc):
+class CorrectedDealloc(_CorrectedDeallocSteps, SeedDealloc):
     "streamnb's default: the seed's decisions, corrected (the numbers are the corrections registry's)."
     def estimate(self, node: Node) -> float: return get_roofline_estimate(node, device=self.device)   # 3
     def on_timeline(self, node: Node) -> bool: return "val" in node.meta    # inserted syncs are no place to wait
@@ -91,18 +109,6 @@ class CorrectedDealloc(SeedDealloc):
     def block_users(self, node: Node) -> list[Node] | None:
         "Step 4: the users of every alias of the block `node` allocates; None if `node` allocates none to free."
         return _block_users(self._storage(node.graph), node)
-    def allocator(self, node: Node) -> Node:   # 15: a getitem frees its output of a node with several outputs
-        return owner(self._storage(node.graph)[0], node) or node
-    def _storage(self, graph: Graph) -> tuple:
-        "The storage model (chapter 02) of `graph`, read once: (node -> memory, block -> aliases)."
-        if getattr(self, "_graph", None) is not graph:
-            self._graph, self._mem = graph, storages(graph)
-            self._aliases = aliases(self._mem)
-        return self._mem, self._aliases
-    def need_val(self, gm: GraphModule) -> set[Node]:   # everything an estimate of a node on a timeline reads
-        fns = [n for n in gm.graph.nodes if n.op == "call_function"]
-        fw = len({get_stream(n) for n in fns if not is_bwd_node(n)}) > 1   # the forward's timelines may be needed (22)
-        return {v for n in fns if fw or is_bwd_node(n) for v in val_nodes(n)}
     @correction(22, "12_dealloc", "protects backward tensors only: a forward value read on another stream is freed "
                 "right after its last use in graph order, earlier than eager PyTorch frees it (when its Python reference "
                 "dies), and its block may be reused while that read still runs",

@@ -103,40 +103,9 @@ def _summed(errors: list) -> tuple[str, str]:
 
 def _joined(*notes) -> str | None: return "\n".join(n for n in notes if n) or None   # one note a line
 
-# %% ../nbs/17_explain.ipynb #cbe1e9d4
-@dataclass
-class Explanation:
-    "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
-    capture: Capture
-    before: Timeline
-    modes: dict[str, ModeResult]
-    device: str
-    progress: list[str] = field(default_factory=list)
-    forward_syncs: bool = False   # did the default mode insert the forward's syncs?
-    seed_failure: str | None = None   # the seed's passes failed on the program (then `modes` has no "upstream")
-    written: Report | None = None   # sanitize(forward before the passes): the program as written, as eager runs it
-    written_backward: Report | None = None   # its custom autograd.Function backwards as written (None: it has none)
-    backward_unjudged: list[str] = field(default_factory=list)   # the calls of those it could not judge
-
-    def summary(self) -> list[dict]:
-        """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
-        sanitizer errors (`fw_errors`); partition; matches eager. Before the passes: the forward as the program wrote
-        it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none)."""
-        rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.backward), reorder_errors=None,
-                     errors=None if self.written_backward is None else len(self.written_backward.errors),
-                     fw_errors=None if self.written is None else len(self.written.errors),
-                     partitions=True, matches_eager=None)]
-        if self.seed_failure is not None:
-            rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
-                             fw_errors=None, partitions=None, matches_eager=None))
-        for r in self.modes.values():
-            rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
-                             syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
-                             fw_errors=len(r.forward_report.errors), partitions=r.error is None,
-                             matches_eager=r.matches_eager))
-        return rows
-
+# %% ../nbs/17_explain.ipynb #7540a55c
+class _ExplanationPart1:
+    "What the forward's sanitizer found, said plainly (a part of `Explanation`)."
     def forward_note(self) -> str | None:
         "What the forward's sanitizer found, said plainly: torch's stream passes sync the backward only."
         r = self.modes["default"]
@@ -157,6 +126,9 @@ class Explanation:
         "Is finding `e` of the program as written a side stream's read of a graph input (chapter 02, the edges)?"
         return e.kind == "race" and e.nodes[1] in {n.name for n in self.capture.forward.graph.find_nodes(op="placeholder")}
 
+# %% ../nbs/17_explain.ipynb #17b419d1
+class _ExplanationPart2:
+    "What the program as written gets wrong: at its entry, and beyond the default's forward (a part of `Explanation`)."
     def _entry_note(self) -> str | None:
         "The program as written reads inputs on side streams with no wait: no pass inserts that sync (the compiled rows assume it)."
         found = [e for e in (self.written.errors if self.written is not None else ()) if self._at_entry(e)]
@@ -184,6 +156,9 @@ class Explanation:
         return (f"forward: the program as written has {count} that the default's processed forward does not: {why}. "
                 f"{eager}torch 2.13's passes (the upstream row) add no forward sync: fix the program. The first: {first}")
 
+# %% ../nbs/17_explain.ipynb #647dec13
+class _ExplanationPart3:
+    "The backward's note and the summary table as text (a part of `Explanation`)."
     def backward_note(self) -> str | None:
         "What the custom `autograd.Function` backwards as written get wrong (eager runs them as written)."
         errors = self.written_backward.errors if self.written_backward is not None else []
@@ -216,6 +191,9 @@ class Explanation:
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
+# %% ../nbs/17_explain.ipynb #860a209c
+class _ExplanationPart4:
+    "The pictures of an explanation (a part of `Explanation`)."
     def same_schedule(self) -> bool:
         "Do both modes' backwards run every kernel on the same stream at the same estimated time? (False if the seed failed.)"
         if "upstream" not in self.modes: return False
@@ -244,6 +222,40 @@ class Explanation:
     def plot_memory(self):
         "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
+
+# %% ../nbs/17_explain.ipynb #cbe1e9d4
+@dataclass
+class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4):
+    "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
+    capture: Capture
+    before: Timeline
+    modes: dict[str, ModeResult]
+    device: str
+    progress: list[str] = field(default_factory=list)
+    forward_syncs: bool = False   # did the default mode insert the forward's syncs?
+    seed_failure: str | None = None   # the seed's passes failed on the program (then `modes` has no "upstream")
+    written: Report | None = None   # sanitize(forward before the passes): the program as written, as eager runs it
+    written_backward: Report | None = None   # its custom autograd.Function backwards as written (None: it has none)
+    backward_unjudged: list[str] = field(default_factory=list)   # the calls of those it could not judge
+
+    def summary(self) -> list[dict]:
+        """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
+        sanitizer errors (`fw_errors`); partition; matches eager. Before the passes: the forward as the program wrote
+        it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none)."""
+        rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
+                     syncs=count_syncs(self.capture.backward), reorder_errors=None,
+                     errors=None if self.written_backward is None else len(self.written_backward.errors),
+                     fw_errors=None if self.written is None else len(self.written.errors),
+                     partitions=True, matches_eager=None)]
+        if self.seed_failure is not None:
+            rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
+                             fw_errors=None, partitions=None, matches_eager=None))
+        for r in self.modes.values():
+            rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
+                             syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
+                             fw_errors=len(r.forward_report.errors), partitions=r.error is None,
+                             matches_eager=r.matches_eager))
+        return rows
 
 # %% ../nbs/17_explain.ipynb #29e31a88
 def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:

@@ -440,23 +440,9 @@ def mark_processed(gm: GraphModule, name: str) -> None:
 # %% ../nbs/01_graph.ipynb #826dbe47
 _open: contextvars.ContextVar[frozenset] = contextvars.ContextVar("streamnb_transactions", default=frozenset())
 
-# %% ../nbs/01_graph.ipynb #6e2947ce
-class _Snapshot:
-    "What a pass may change on `gm`, saved so that `restore` can put it back."
-    def __init__(self, gm: GraphModule):
-        self.gm, self.graph = gm, gm.graph
-        self.nodes: list[tuple] = []
-        for n in self.graph.nodes:   # (one walk: a snapshot is taken before every pass)
-            meta = n.meta
-            self.nodes.append((n, n.target, n.args, n.kwargs, dict(meta)))
-            if type(c := meta.get("custom")) is dict: meta["custom"] = dict(c)   # each node its own: none shared
-        self.attrs, self.modules, self.meta = dict(gm.__dict__), dict(gm._modules), dict(gm.meta)
-        self.forward = type(gm).__dict__.get("forward")
-        self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
-        self.names = fastfx.save_names(self.graph)
-        self.registry = get_registry(); self.registry_state = self.registry.state()
-        self.backup = None if fastfx.FAST else copy.deepcopy(self.graph)   # erased nodes cannot be revived: keep a copy
-
+# %% ../nbs/01_graph.ipynb #c8e74cb2
+class _SnapshotSteps:
+    "Putting a graph back as a `_Snapshot` found it (a part of it)."
     def restore(self) -> None:
         g, gm = self.graph, self.gm
         if self.backup is not None: return self._restore_module(self.backup)
@@ -488,6 +474,23 @@ class _Snapshot:
         if self.graph_marks is None: g.__dict__.pop("_streamnb_passes", None)
         else: g._streamnb_passes = self.graph_marks
         if g is not self.graph: gm.graph = g   # the fallback: the copy, with new Node objects
+
+# %% ../nbs/01_graph.ipynb #6e2947ce
+class _Snapshot(_SnapshotSteps):
+    "What a pass may change on `gm`, saved so that `restore` can put it back."
+    def __init__(self, gm: GraphModule):
+        self.gm, self.graph = gm, gm.graph
+        self.nodes: list[tuple] = []
+        for n in self.graph.nodes:   # (one walk: a snapshot is taken before every pass)
+            meta = n.meta
+            self.nodes.append((n, n.target, n.args, n.kwargs, dict(meta)))
+            if type(c := meta.get("custom")) is dict: meta["custom"] = dict(c)   # each node its own: none shared
+        self.attrs, self.modules, self.meta = dict(gm.__dict__), dict(gm._modules), dict(gm.meta)
+        self.forward = type(gm).__dict__.get("forward")
+        self.graph_marks = self.graph.__dict__.get("_streamnb_passes")
+        self.names = fastfx.save_names(self.graph)
+        self.registry = get_registry(); self.registry_state = self.registry.state()
+        self.backup = None if fastfx.FAST else copy.deepcopy(self.graph)   # erased nodes cannot be revived: keep a copy
 
 # %% ../nbs/01_graph.ipynb #f844a095
 @contextlib.contextmanager

@@ -282,8 +282,31 @@ def _reorder_free_msg(t: Block, freed_after: Node, prev: Access, why: str) -> st
             f"Access by {_sname(prev.stream)} during kernel:\n{_acc_line(prev)}\n"
             f"A pass that reorders nodes along their data edges may free the block while it runs: {why}.")
 
+# %% ../nbs/07_sanitizer.ipynb #b4bcfaac
+class _SanitizerSteps:
+    "The sanitizer's walk and its findings (a part of `_Sanitizer`)."
+    def flag(self, kind, t, nodes, streams_, msg, severity="error", **nums):
+        k = (kind, t.name if t is not None else None, tuple(n.name for n in nodes))
+        if k in self._seen: return
+        self._seen.add(k)
+        self.report.add(Finding(kind, tuple(n.name for n in nodes), tuple(streams_), msg,
+                                       t.name if t is not None else None, severity, **nums))
+
+    def run(self) -> Report:
+        for n in self.nodes:
+            st = self.do.pre(n) if self.do else None
+            op = self.ops.get(n)
+            if op is not None: on_sync(self, n, op, st)
+            elif _is_kernel(n): on_kernel(self, n, st)
+            elif n.op == "output": on_output(self, n, st)
+            elif n.op == "placeholder": on_input(self, n)
+            if self.do: self.do.after[n] = st
+            for t in self.frees.get(n, ()): on_free(self, t, n)
+        for s in list(self.pending): on_reuse(self, s, None, None)   # the caller's later work on the stream may reuse them
+        return self.report
+
 # %% ../nbs/07_sanitizer.ipynb #4e1cc4ce
-class _Sanitizer:
+class _Sanitizer(_SanitizerSteps):
     "One walk over the graph in program order; the state of both models and the report."
     def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None,
                  inputs_ready="everywhere"):
@@ -311,26 +334,6 @@ class _Sanitizer:
         self.pos = pos
         self.pending: dict = {}      # stream -> frees to it not yet ordered after a use elsewhere: (Block, free, Access)
         self.report, self._seen = Report(), set()
-
-    def flag(self, kind, t, nodes, streams_, msg, severity="error", **nums):
-        k = (kind, t.name if t is not None else None, tuple(n.name for n in nodes))
-        if k in self._seen: return
-        self._seen.add(k)
-        self.report.add(Finding(kind, tuple(n.name for n in nodes), tuple(streams_), msg,
-                                       t.name if t is not None else None, severity, **nums))
-
-    def run(self) -> Report:
-        for n in self.nodes:
-            st = self.do.pre(n) if self.do else None
-            op = self.ops.get(n)
-            if op is not None: on_sync(self, n, op, st)
-            elif _is_kernel(n): on_kernel(self, n, st)
-            elif n.op == "output": on_output(self, n, st)
-            elif n.op == "placeholder": on_input(self, n)
-            if self.do: self.do.after[n] = st
-            for t in self.frees.get(n, ()): on_free(self, t, n)
-        for s in list(self.pending): on_reuse(self, s, None, None)   # the caller's later work on the stream may reuse them
-        return self.report
 
 # %% ../nbs/07_sanitizer.ipynb #708a9238
 def is_kernel(n: Node) -> bool:

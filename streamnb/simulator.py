@@ -386,6 +386,30 @@ def _check_args(gm, cost, device, registry, launch_overhead, name) -> dict[Node,
     validate(gm)           # lint, stream annotations, call_module with a stream, text vals
     return check_stream_ops(gm)   # every stream op decoded, once (the walk reads them from here)
 
+# %% ../nbs/04_simulate.ipynb #5a1c0d71
+def _walk(st: SimState, gm: GraphModule, ops: dict, phys: Callable, cost_of: Callable, ready: dict) -> None:
+    """Issue `gm`'s nodes in graph order into `st`: inputs resident from t=0 (and made on the streams `ready` says),
+    stream ops, kernels on their streams, each block freed after its last use and judged at its stream's next kernel."""
+    nodes = list(gm.graph.nodes)
+    mem = storages(gm)
+    base: dict[Node, Node | None] = {n: owner(mem, n) for n in nodes}
+    frees: dict[int, list[Node]] = {}
+    for b, i in last_uses(nodes, base).items():
+        if i is not None: frees.setdefault(i, []).append(b)
+    for i, n in enumerate(nodes):
+        if n.op == "placeholder":
+            alloc(st, n, None, 0.0)          # the caller's memory: resident from t=0, never freed
+            if ready[n] is not None: st.seq[n] = (*st.vc.made_before(("input", n.name), ready[n]), 0.0)
+        elif (op := ops.get(n)) is not None:
+            _on_sync(st, op, phys, base)
+        elif n.op in ("call_function", "call_method", "call_module") and not is_alias(n):
+            s = phys(get_stream(n))
+            inputs = list(dict.fromkeys(b for a in n.all_input_nodes if (b := base.get(a)) is not None))
+            launch(st, n, s, cost_of(n), inputs)
+            if base[n] is n: alloc(st, n, s, st.tl.spans[n.name][1])   # an in-place op writes into its argument
+        for b in frees.get(i, ()): free(st, b)
+    for s in list(st.pending): reuse(st, s)   # the caller's later work on the stream may reuse the blocks
+
 # %% ../nbs/04_simulate.ipynb #c2fc95f7
 @paused_gc()   # else the collector rescans the graph's FX objects again and again (x1.7 time per node at 100k)
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
@@ -410,27 +434,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     st = SimState(current_stream_key(reg), issue, clock, spec.host_wake_us / 1e3)
     phys = lambda i: physical_stream(i, reg)
     cost_of = _cost_function(cost, device)
-    nodes = list(gm.graph.nodes)
-    ready = input_streams(gm, reg, inputs_ready)
-    mem = storages(gm)
-    base: dict[Node, Node | None] = {n: owner(mem, n) for n in nodes}
-    last = last_uses(nodes, base)
-    frees: dict[int, list[Node]] = {}
-    for b, i in last.items():
-        if i is not None: frees.setdefault(i, []).append(b)
-    for i, n in enumerate(nodes):
-        if n.op == "placeholder":
-            alloc(st, n, None, 0.0)          # the caller's memory: resident from t=0, never freed
-            if ready[n] is not None: st.seq[n] = (*st.vc.made_before(("input", n.name), ready[n]), 0.0)
-        elif (op := ops.get(n)) is not None:
-            _on_sync(st, op, phys, base)
-        elif n.op in ("call_function", "call_method", "call_module") and not is_alias(n):
-            s = phys(get_stream(n))
-            inputs = list(dict.fromkeys(b for a in n.all_input_nodes if (b := base.get(a)) is not None))
-            launch(st, n, s, cost_of(n), inputs)
-            if base[n] is n: alloc(st, n, s, st.tl.spans[n.name][1])   # an in-place op writes into its argument
-        for b in frees.get(i, ()): free(st, b)
-    for s in list(st.pending): reuse(st, s)   # the caller's later work on the stream may reuse the blocks
+    _walk(st, gm, ops, phys, cost_of, input_streams(gm, reg, inputs_ready))
     if clock is not None: clock.play(); settle(st, clock.value)
     tl = st.tl
     tl.name, tl.host_time = name, st.host

@@ -241,8 +241,50 @@ def physical_stream(ind: int | None, registry: StreamRegistry) -> int:
     "The physical stream behind a stream index (None and current-stream indices are the current stream)."
     return current_stream_key(registry) if registry.is_current_stream(ind) else ind
 
+# %% ../nbs/02_streamops.ipynb #717bd4e9
+class _VectorClocksSteps:
+    "The syncs of CSAN's model: what each stream op does to the clocks (a part of `VectorClocks`)."
+    def record(self, e, s): self.events[e] = dict(self.clock(s))
+
+    def wait(self, e, s) -> bool:
+        if e not in self.events: return False
+        self.join(self.clock(s), self.events[e]); return True
+
+    def wait_stream(self, waiting, waited_on): self.join(self.clock(waiting), self.clock(waited_on))
+
+    def host_join(self, c: dict):
+        self.join(self.host, c)
+        for clk in self.clocks.values(): self.join(clk, self.host)
+
+    def sync_event(self, e) -> bool:
+        if e not in self.events: return False
+        self.host_join(self.events[e]); return True
+
+    def sync_stream(self, s): self.host_join(dict(self.clock(s)))
+
+    def sync_device(self):
+        for clk in list(self.clocks.values()): self.host_join(dict(clk))
+
+    def covers(self, e, s) -> bool:
+        "True if stream `s` already knows everything event `e`'s last record snapshotted: a wait on `e` would teach it nothing."
+        return e in self.events and all(self.clock(s).get(p, 0) >= k for p, k in self.events[e].items())
+
+    def apply(self, op: StreamOp, ph: Callable) -> bool:
+        """What the decoded stream op `op` orders, applied to the clocks (`ph`: a stream index -> the stream): the one
+        mapping from a kind to its happens-before effect. False for a wait on an event nothing has recorded (a no-op)."""
+        k = op.kind
+        if k == "record_event": self.record(op.event, ph(op.stream))
+        elif k in ("wait_event", "sync_dealloc"): return self.wait(op.event, ph(op.stream))
+        elif k == "wait_stream": self.wait_stream(ph(op.streams[0]), ph(op.streams[1]))
+        elif k == "synchronize_event": return self.sync_event(op.event)
+        elif k == "synchronize_stream": self.sync_stream(ph(op.stream))
+        elif k == "synchronize_device": self.sync_device()
+        elif k not in ("record_stream", "fork", "join"):   # they order nothing on the device
+            raise StreamnbError(f"node {op.node.name}: no happens-before rule for stream op {k} (add it to VectorClocks.apply)")
+        return True
+
 # %% ../nbs/02_streamops.ipynb #a0a00018
-class VectorClocks:
+class VectorClocks(_VectorClocksSteps):
     "CSAN's model: per stream a vector clock (stream -> the last kernel number of that stream known complete), events, a host clock."
     def __init__(self):
         self.clocks: dict = {}   # stream -> {stream: seq}
@@ -274,36 +316,6 @@ class VectorClocks:
     def ordered(self, acc, s) -> bool:
         "`known` for an access (anything with the kernel's `seq` and `stream`)."
         return self.known(acc.stream, acc.seq, s)
-    def record(self, e, s): self.events[e] = dict(self.clock(s))
-    def wait(self, e, s) -> bool:
-        if e not in self.events: return False
-        self.join(self.clock(s), self.events[e]); return True
-    def wait_stream(self, waiting, waited_on): self.join(self.clock(waiting), self.clock(waited_on))
-    def host_join(self, c: dict):
-        self.join(self.host, c)
-        for clk in self.clocks.values(): self.join(clk, self.host)
-    def sync_event(self, e) -> bool:
-        if e not in self.events: return False
-        self.host_join(self.events[e]); return True
-    def sync_stream(self, s): self.host_join(dict(self.clock(s)))
-    def sync_device(self):
-        for clk in list(self.clocks.values()): self.host_join(dict(clk))
-    def covers(self, e, s) -> bool:
-        "True if stream `s` already knows everything event `e`'s last record snapshotted: a wait on `e` would teach it nothing."
-        return e in self.events and all(self.clock(s).get(p, 0) >= k for p, k in self.events[e].items())
-    def apply(self, op: StreamOp, ph: Callable) -> bool:
-        """What the decoded stream op `op` orders, applied to the clocks (`ph`: a stream index -> the stream): the one
-        mapping from a kind to its happens-before effect. False for a wait on an event nothing has recorded (a no-op)."""
-        k = op.kind
-        if k == "record_event": self.record(op.event, ph(op.stream))
-        elif k in ("wait_event", "sync_dealloc"): return self.wait(op.event, ph(op.stream))
-        elif k == "wait_stream": self.wait_stream(ph(op.streams[0]), ph(op.streams[1]))
-        elif k == "synchronize_event": return self.sync_event(op.event)
-        elif k == "synchronize_stream": self.sync_stream(ph(op.stream))
-        elif k == "synchronize_device": self.sync_device()
-        elif k not in ("record_stream", "fork", "join"):   # they order nothing on the device
-            raise StreamnbError(f"node {op.node.name}: no happens-before rule for stream op {k} (add it to VectorClocks.apply)")
-        return True
 
 # %% ../nbs/02_streamops.ipynb #6fe7acbf
 MADE, EVERYWHERE = "made", "everywhere"

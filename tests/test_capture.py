@@ -382,3 +382,11 @@ def test_explain_memory_picture_shows_the_blocks_the_seed_holds():
     deps = {m: {a.name for n in r.backward.graph.nodes if is_control_deps(n) for a in n.args[0]}
             for m, r in ex.modes.items()}
     assert all(k in deps["upstream"] and k not in deps["default"] for k in held)
+
+
+def test_grad_mode_off_is_named():
+    # a module with parameters called under no_grad (inference): a NoGradError that says why, not a KeyError
+    from streamnb.capturing import NoGradError
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx(), pytest.raises(NoGradError, match="grad mode is off"):
+            capture(torch.nn.Linear(4, 4), torch.randn(2, 4))

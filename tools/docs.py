@@ -252,7 +252,12 @@ def api_page(mod: str, names: list[str], chapter: dict | None, symbols: dict) ->
             continue
         if inspect.isclass(obj):
             kind = "autoexception" if issubclass(obj, BaseException) else "autoclass"
-            out += [f".. {kind}:: {mod}.{name}", "   :members:", "   :undoc-members:", "   :show-inheritance:", ""]
+            out += [f".. {kind}:: {mod}.{name}", "   :members:", "   :undoc-members:", "   :show-inheritance:"]
+            # a class split over cells takes part of its methods from private bases of ours: show those, not torch's
+            ours = [b for b in obj.__mro__[1:] if b.__module__.startswith("streamnb.") and b.__name__.startswith("_")]
+            foreign = dict.fromkeys(b.__name__ for b in obj.__mro__[1:] if not b.__module__.startswith("streamnb."))
+            if ours: out += [f"   :inherited-members: {', '.join(foreign)}"]
+            out += [""]
         elif callable(obj) and (inspect.isroutine(obj) or hasattr(obj, "__wrapped__")):
             out += [f".. autofunction:: {mod}.{name}", ""]
         else:
