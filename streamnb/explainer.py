@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 import textwrap
 import warnings
@@ -124,7 +125,12 @@ class _ExplanationPart1:
 
     def _at_entry(self, e) -> bool:
         "Is finding `e` of the program as written a side stream's read of a graph input (chapter 02, the edges)?"
-        return e.kind == "race" and e.nodes[1] in {n.name for n in self.capture.forward.graph.find_nodes(op="placeholder")}
+        return e.kind == "race" and e.nodes[1] in self._inputs
+
+    @functools.cached_property
+    def _inputs(self) -> frozenset:
+        "The forward's inputs, by name (derived once)."
+        return frozenset(n.name for n in self.capture.forward.graph.find_nodes(op="placeholder"))
 
 # %% ../nbs/17_explain.ipynb #17b419d1
 class _ExplanationPart2:
