@@ -1,5 +1,5 @@
 """The simulator against published measurements (issue 24): IOS's V100 batch-1 latencies, one stream against
-several streams (IOS-Parallel), next to what streamnb predicts for the same models (chapter 04b).
+several streams (IOS-Parallel), next to what streamnb predicts for the same models (chapter 22).
 
     python benchmarks/bench_calibrate.py [--device V100] [--side-streams 3] [--strategies nimble critical_path]
                                          [--models inception_v3 randwire nasnet squeezenet] [--ideal] [--each [S ...]]

@@ -49,7 +49,8 @@ from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
 from .trace import to_chrome_trace, write_chrome_trace
 from .sanitizer import Report, Finding, sanitize
-from .capturing import Capture, capture, cpu_streams
+from .cpustreams import cpu_streams
+from .capturing import Capture, capture
 from .explainer import Explanation, explain
 from .compiling import (CompileFailure, CompiledExplanation, DynamoRegistry, UnsupportedTorchError, executor_backend,
                         explain_compiled, use_streamnb_passes)

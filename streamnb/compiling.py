@@ -22,10 +22,11 @@ from .graph import check_graph_module, get_stream
 from .graph import PIPELINE_ORDER, StreamnbError, StreamRegistry, canonical, correction, is_bwd_node, use_registry
 from .streamops import decode, indices_in_use, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass, sync_forward
-from .capturing import (add_control_deps_vals, dynamo_notes, dynamo_tables_saved, forward_deps_of_backward_syncs,
-                                partition_cause, restore_dynamo_tables, run_graph, tag_custom_backward)
+from .cpustreams import run_graph
+from .tracing import dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
+from .partitioning import add_control_deps_vals, forward_deps_of_backward_syncs, partition_cause
 from torch.fx import Node
-from .exercises import count_syncs
+from .streamops import count_syncs
 from .explainer import table_lines
 from .plot import plot_timeline
 from .sanitizer import Report, sanitize

@@ -29,7 +29,7 @@ __all__ = ['DEVICE_SPECS', 'CALIBRATION', 'DeviceSpec', 'get_device_spec', 'cali
 class DeviceSpec:
     """Dense datasheet peaks of one accelerator (TFLOP/s per dtype, DRAM GB/s, SMs), and what real kernels add to
     them (the fields after `source`). Those default to the *ideal* model: every kernel at its full-device roofline time,
-    free to issue and to dispatch; `calibrated(name)` gives the same device with measured values (chapter 04b)."""
+    free to issue and to dispatch; `calibrated(name)` gives the same device with measured values (chapter 22)."""
     name: str
     bf16_tflops: float
     fp16_tflops: float
@@ -93,11 +93,11 @@ def get_device_spec(device: str | DeviceSpec) -> DeviceSpec:
 
 # %% ../nbs/03_cost.ipynb #ffef4116
 CALIBRATION: dict[str, tuple[Any, str]] = {   # field -> (value, source); `calibrated` applies them
-    "compute_efficiency": (0.5, "tuned (chapter 04b) on IOS's measured one-stream latencies (V100, batch 1, cuDNN 7.6.5, "
+    "compute_efficiency": (0.5, "tuned (chapter 22) on IOS's measured one-stream latencies (V100, batch 1, cuDNN 7.6.5, "
                            "FP32); torch's estimator assumes 0.75"),
     "threads_per_sm": (2048, "CUDA C++ Programming Guide, 'Compute Capabilities' table: 2048 resident threads per SM "
                        "on V100, A100, H100, H200 (1536 on L4, sm_89)"),
-    "kernel_fixed_us": (3.0, "tuned (chapter 04b) on IOS's measured multi-stream speedups, among 1, 2, 3, 4 us; NVIDIA's "
+    "kernel_fixed_us": (3.0, "tuned (chapter 22) on IOS's measured multi-stream speedups, among 1, 2, 3, 4 us; NVIDIA's "
                         "'Getting Started with CUDA Graphs' blog (V100) times a trivial kernel at 2.9 us from launch to end"),
     "host_issue_us": (3.8, "NVIDIA blog 'Getting Started with CUDA Graphs' (https://developer.nvidia.com/blog/cuda-graphs/): "
                       "back-to-back launches of a 2.9 us kernel from C++ take 3.8 us each; PyTorch eager adds more"),
@@ -113,7 +113,7 @@ _THREADS_PER_SM = {"L4": 1536}       # Ada (sm_89)
 _NO_TF32 = {"V100"}                  # Volta has no TF32 tensor cores
 
 def calibrated(device: str | DeviceSpec) -> DeviceSpec:
-    "`device` (a name or a `DeviceSpec`) with the `CALIBRATION` values: what chapter 04b checks against measurements."
+    "`device` (a name or a `DeviceSpec`) with the `CALIBRATION` values: what chapter 22 checks against measurements."
     spec = get_device_spec(device)
     if not spec.sm_count: raise StreamnbError(f"device {spec.name}: calibrated needs its sm_count")
     values = {f: v for f, (v, _) in CALIBRATION.items()}

@@ -16,15 +16,15 @@ from torch.fx import GraphModule, Node
 
 from .graph import check_graph_module, get_stream
 from .graph import StreamnbError, is_control_deps, streams
-from .streamops import StreamOp, decode
+from .streamops import StreamOp, count_syncs, decode
 from .simulator import simulate
 from .cost import calibrated
 from .sanitizer import Report, Finding, _sname, sanitize
 
 # %% auto #0
 __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'source', 'reads', 'work_problems', 'host_syncs',
-           'host_cost_makespans', 'host_problems', 'in_words', 'count_syncs', 'makespan_us', 'sync_problems',
-           'free_problems', 'slow_problems', 'Grade', 'Exercise', 'check']
+           'host_cost_makespans', 'host_problems', 'in_words', 'makespan_us', 'sync_problems', 'free_problems',
+           'slow_problems', 'Grade', 'Exercise', 'check']
 
 # %% ../nbs/08_exercises.ipynb #381bb5bb
 #| code-fold: true
@@ -171,7 +171,7 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
         for p, by_stream in waits.items())
 
 def host_cost_makespans(best: GraphModule, answer: GraphModule, cost=None) -> tuple[float, float]:
-    "The makespans (µs) of `answer` and `best` with a GPU's host costs (chapter 04b's `calibrated('H100')`)."
+    "The makespans (µs) of `answer` and `best` with a GPU's host costs (chapter 22's `calibrated('H100')`)."
     check_graph_module(best, "best"); check_graph_module(answer, "answer")
     return tuple(simulate(g, cost=cost, device=calibrated("H100")).makespan_us for g in (answer, best))
 
@@ -179,7 +179,7 @@ def _with_host_costs(a: float, b: float) -> str:
     "The answer's and the worked solution's makespans with a GPU's host costs (a host sync wakes the host late), in words."
     spec = calibrated("H100")
     return (f" With a GPU's host costs ({spec.host_issue_us:g} µs to issue a kernel, {spec.host_wake_us:g} µs to wake "
-            f"the host after a host sync: calibrated('H100'), chapter 04b) this answer takes {a:.4g} µs, the worked "
+            f"the host after a host sync: calibrated('H100'), chapter 22) this answer takes {a:.4g} µs, the worked "
             f"solution {b:.4g} µs.")
 
 def host_problems(best: GraphModule, answer: GraphModule, cost=None,
@@ -227,11 +227,6 @@ def in_words(e: Finding) -> str:
     return e.message.splitlines()[0]
 
 # %% ../nbs/08_exercises.ipynb #61737742
-def count_syncs(gm: GraphModule) -> int:
-    "The stream ops `gm` performs, `fork`/`join` excepted."
-    check_graph_module(gm)
-    return sum(1 for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
-
 def makespan_us(gm: GraphModule, cost=None) -> float:
     "The simulated makespan of `gm` in µs (`cost` as for `simulate`)."
     check_graph_module(gm)

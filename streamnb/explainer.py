@@ -16,9 +16,10 @@ from typing import Callable
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from .capturing import Capture, PartitionError, capture
+from .capturing import Capture, capture
+from .tracing import PartitionError
 from .graph import StreamnbError, StreamRegistry, get_stream, use_registry
-from .exercises import count_syncs
+from .streamops import count_syncs
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize

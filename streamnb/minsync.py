@@ -20,7 +20,8 @@ from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_regis
 from .streamops import VectorClocks, blocks, decode, physical_stream, storages, written_args
 from .simulator import us
 from .pipeline import run_stream_passes
-from .exercises import Exercise, count_syncs
+from .exercises import Exercise
+from .streamops import count_syncs
 from .strategies import graph_part
 
 # %% ../nbs/21a_fewest_syncs.ipynb #592ab8b3

@@ -17,10 +17,10 @@ from .graph import (INT64_MAX, StreamnbError, StreamRegistry, check_graph_module
                             streams)
 
 # %% auto #0
-__all__ = ['OPS', 'MADE', 'EVERYWHERE', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'indices_in_use',
-           'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks', 'input_streams',
-           'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'blocks', 'written_args', 'owner',
-           'aliases']
+__all__ = ['OPS', 'MADE', 'EVERYWHERE', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'count_syncs',
+           'indices_in_use', 'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks',
+           'input_streams', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'blocks', 'written_args',
+           'owner', 'aliases']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -211,6 +211,12 @@ def check_stream_ops(gm: GraphModule) -> dict[Node, StreamOp]:
     `simulate` run both.)"""
     check_graph_module(gm)
     return {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
+
+# %% ../nbs/02_streamops.ipynb #8afec5e5
+def count_syncs(gm: GraphModule) -> int:
+    "The stream ops `gm` performs, `fork`/`join` excepted (the exercises' and `explain`'s sync count)."
+    check_graph_module(gm)
+    return sum(1 for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
 def indices_in_use(gm: GraphModule, ops: dict[Node, StreamOp] | None = None) -> set[int]:

@@ -384,7 +384,9 @@ import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import assert_close
 
-from streamnb.capturing import capture, on_device, run_graph
+from streamnb.capturing import capture
+from streamnb.cpustreams import run_graph
+from streamnb.tracing import on_device
 from streamnb.choosing import STRATEGIES, assign_streams
 from streamnb.examples import make_model
 from streamnb.minsync import run_passes_fewest_syncs

@@ -1,4 +1,4 @@
-"""Tests of streamnb.calibration (chapter 04b): the published table, the engine's graph, the agreement measures, the
+"""Tests of streamnb.calibration (chapter 22): the published table, the engine's graph, the agreement measures, the
 models' structure. The full comparison (four captured CNNs, a couple of minutes on a CPU) runs in the chapter itself."""
 import operator
 

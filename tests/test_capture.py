@@ -8,8 +8,10 @@ import torch
 import torch.nn as nn
 from torch.testing import assert_close
 
-from streamnb.capturing import (AnnotationError, Capture, CaptureError, NoGradError, PartitionError, RunResult,
-                                TraceError, capture, eager, forward_deps_of_backward_syncs, run_graph)
+from streamnb.capturing import Capture, capture, eager
+from streamnb.cpustreams import RunResult, run_graph
+from streamnb.partitioning import forward_deps_of_backward_syncs
+from streamnb.tracing import AnnotationError, CaptureError, NoGradError, PartitionError, TraceError
 from streamnb.examples import MODELS, STREAM_MODELS, NoStreams, make_model, two_stream_fn
 from streamnb.graph import StreamAnnotationError, StreamnbError, canonical, get_stream, is_control_deps
 from streamnb.streamops import decode
@@ -386,7 +388,7 @@ def test_explain_memory_picture_shows_the_blocks_the_seed_holds():
 
 def test_grad_mode_off_is_named():
     # a module with parameters called under no_grad (inference): a NoGradError that says why, not a KeyError
-    from streamnb.capturing import NoGradError
+    from streamnb.tracing import NoGradError
     for ctx in (torch.no_grad, torch.inference_mode):
         with ctx(), pytest.raises(NoGradError, match="grad mode is off"):
             capture(torch.nn.Linear(4, 4), torch.randn(2, 4))

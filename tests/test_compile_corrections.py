@@ -35,7 +35,7 @@ def test_correction_14_the_seed_fails_on_it():
 
 def test_a_compiled_forward_race_is_reported():
     "The side stream reads `h` (made on the current stream) with no wait: `explain` of the compiled graphs names it."
-    from streamnb.capturing import cpu_streams
+    from streamnb.cpustreams import cpu_streams
     def racy(x, w):
         cur, side = torch.cuda.current_stream(), torch.cuda.Stream()
         h = x @ w
@@ -72,7 +72,7 @@ from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 
 from streamnb import use_streamnb_passes  # noqa: E402
 from streamnb.assign import UnorderableWriteBackError  # noqa: E402
-from streamnb.capturing import run_graph  # noqa: E402
+from streamnb.cpustreams import run_graph  # noqa: E402
 from test_compile import S0, S1  # noqa: E402
 
 E_OUTSIDE = torch.Event(device="cpu")   # never recorded inside the compiled function
@@ -201,7 +201,7 @@ def mutate_on_the_side_stream(x, y):
 @pytest.mark.parametrize("keep", [True, False])
 def test_side_stream_mutation_is_written_back_on_its_stream(keep, monkeypatch):
     import streamnb.compiling as C
-    from streamnb.capturing import cpu_streams
+    from streamnb.cpustreams import cpu_streams
     from streamnb.graph import get_stream
     seen = []
     run_pass = C.run_pass

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.fx.traceback as fxt
 
-from streamnb.capturing import cpu_streams
+from streamnb.cpustreams import cpu_streams
 from streamnb.compiling import executor_backend, explain_compiled, use_streamnb_passes
 from streamnb.graph import get_stream
 

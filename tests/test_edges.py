@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from streamnb.capturing import cpu_streams
+from streamnb.cpustreams import cpu_streams
 from streamnb.explainer import explain
 from streamnb.graph import GraphBuilder, StreamRegistry, StreamnbError, streams
 from streamnb.sanitizer import sanitize

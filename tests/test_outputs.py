@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import graphgen
-from streamnb.capturing import run_graph
+from streamnb.cpustreams import run_graph
 from streamnb.graph import CORRECTIONS, GraphBuilder, StreamRegistry, aten, streams, use_registry
 from streamnb.pipeline import run_stream_passes
 from streamnb.sanitizer import sanitize

@@ -440,7 +440,7 @@ def test_contention_never_speeds_up_and_respects_capacity(g, data):
         assert sum(demand[k][r] * cost[k] for k in kernels) <= tl.makespan + 1e-9
 
 
-# ---- the chapter's pictures show what its prose says (nbs/04_simulate.ipynb) ----------------------------------
+# ---- the chapter's pictures show what its prose says (nbs/04a_simulate.ipynb) ----------------------------------
 
 def test_chapter_pictures_support_the_prose():
     # "on one stream the kernels run back to back for 7 us; on two streams both start at 0, makespan 5 us"
@@ -476,7 +476,7 @@ def test_chapter_pictures_support_the_prose():
 
 
 def test_contention_chapter_picture_supports_the_prose():
-    "nbs/04a_contention.ipynb's picture."
+    "nbs/04_contention.ipynb's picture."
     # "free overlap vs contention: the big branches take (a hair more than) twice as long, the small ones are untouched"
     b = GraphBuilder()
     outs = []

@@ -15,7 +15,9 @@ import torch
 import torch.nn as nn
 
 import streamnb
-from streamnb.capturing import CaptureError, CPUEvent, CPUStream, TraceError, capture, cpu_streams, eager
+from streamnb.capturing import capture, eager
+from streamnb.cpustreams import CPUEvent, CPUStream, cpu_streams
+from streamnb.tracing import CaptureError, TraceError
 from streamnb.sanitizer import sanitize
 from streamnb.streamops import decode
 
@@ -208,7 +210,7 @@ def test_a_closure_tensor_is_named_not_a_stop_iteration():
         with torch.cuda.stream(s): y = x @ w
         torch.cuda.current_stream().wait_stream(s)
         return y
-    with pytest.raises(streamnb.capturing.CaptureError, match=r"neither an input nor a parameter or buffer \(shape \(3, 3\)"):
+    with pytest.raises(streamnb.tracing.CaptureError, match=r"neither an input nor a parameter or buffer \(shape \(3, 3\)"):
         capture(prog, torch.randn(3, 3, requires_grad=True))
 
 

@@ -95,7 +95,7 @@ def test_every_consumer_handles_every_kind():
 
 def run_everywhere(gm, expect=lambda x: x * 2):
     "Simulate, sanitize, run on the fake CUDA backend and on the CPU interpreter; the outputs of the two runs."
-    from streamnb.capturing import run_graph
+    from streamnb.cpustreams import run_graph
     from streamnb.cuda import FakeBackend, run
     from streamnb.sanitizer import sanitize
     from streamnb.simulator import simulate
