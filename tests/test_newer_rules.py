@@ -257,3 +257,123 @@ def test_correction_31_a_dict_is_never_passed_through_a_sync(upstream):
     (add,) = gm.graph.find_nodes(op="call_function", target=aten.add.Tensor)
     assert add.args[0].target is operator.getitem and add.args[0].args[0] is rec
     gm.graph.lint()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 3: partitions (corrections 7 and 30)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("forward_sync", ["wrapped", "bare"])
+@pytest.mark.parametrize("upstream", [False, SEED_FAILS])
+def test_correction_30_backward_full_barrier_filters_forward_sync_deps(upstream, forward_sync):
+    """PyTorch's test_backward_full_barrier_filters_forward_sync_deps: a forward sync (a record after `fw_compute`, or a
+    `wait_stream` of two idle streams, left bare), then a backward `record_event(1, 0)` and a backward host barrier. The barrier depends
+    on the backward sync (the seed leaves both bare), never on the forward one."""
+    b = GraphBuilder()
+    inp = b.input("inp", tag="is_forward")
+    fw_compute = b.op(aten.add.Tensor, inp, inp, stream=0, tag="is_forward")
+    fw_sync = b.sync(REC, 0, 0, tag="is_forward") if forward_sync == "wrapped" else b.sync(WAIT_S, 1, 2, tag="is_forward")
+    bw_sync = b.sync(REC, 1, 0, tag="is_backward")
+    barrier = b.sync(SYNC_D, "cuda", 0, tag="is_backward")
+    gm = wrapped(b.output(fw_compute), upstream)
+    (bw_ctrl,) = [c for c in ctrls(gm) if inner(gm, c).target is SYNC_D]
+    fw = ctrls_of(gm, REC)[0] if forward_sync == "wrapped" else fw_sync
+    assert forward_sync == "wrapped" or fw_sync in gm.graph.nodes    # (bare)
+    assert list(bw_ctrl.args[0]) == [bw_sync] and fw not in ancestors(bw_ctrl)
+    assert barrier not in gm.graph.nodes                       # (wrapped: the node now lives in the subgraph)
+
+
+def test_custom_backward_wait_stays_in_backward():
+    """PyTorch's test_custom_backward_wait_stays_in_backward, captured on this CPU: a custom autograd.Function whose
+    backward calls `current_stream().wait_stream(stream)` before `grad * saved`. After the passes and the partitioner
+    the forward has no `wait_stream`; the backward has one, wrapped, after the tangent only (not the saved forward
+    value, correction 7), and the sanitizer with reordering finds nothing there."""
+    from streamnb.capturing import capture, cpu_streams
+    with cpu_streams():
+        stream = torch.cuda.Stream()
+
+    class WaitInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, saved):
+            ctx.save_for_backward(saved)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            (saved,) = ctx.saved_tensors
+            torch.cuda.current_stream().wait_stream(stream)
+            return grad * saved, None
+
+    def waits(gm):
+        return [n for n in gm.graph.nodes if n.target is WAIT_S
+                or is_control_deps(n) and inner(gm, n).target is WAIT_S]
+
+    cap = capture(WaitInBackward.apply, torch.ones(8, requires_grad=True), torch.ones(8))
+    p = cap.process()
+    assert waits(p.forward) == []
+    (wait,) = waits(p.backward)
+    assert is_control_deps(wait) and [d.name for d in wait.args[0]] == ["tangents_1"]
+    clean(p.backward, cap.current_stream)
+
+
+def _captured(kind):
+    "PyTorch's programs of the item-2 tests, as written there (CUDA objects, stood in for by `cpu_streams`)."
+    from streamnb.capturing import cpu_streams
+    with cpu_streams():
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        fork, e1, e2 = torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event()
+
+    def multiple_waiters(x):
+        default_stream = torch.cuda.current_stream()
+        y = x + 1
+        fork.record(default_stream)
+        with torch.cuda.stream(s1):
+            fork.wait()
+            out1 = y * 2
+            e1.record()
+        with torch.cuda.stream(s2):
+            fork.wait()
+            out2 = y * 3
+            e2.record()
+        default_stream.wait_event(e1)
+        default_stream.wait_event(e2)
+        return out1 + out2
+
+    def intervening(x):
+        default_stream = torch.cuda.current_stream()
+        y = x + 1
+        fork.record(default_stream)
+        if kind == "wait_stream":
+            s1.wait_stream(default_stream)
+        else:
+            default_stream.synchronize()
+            e1.record(s1)
+        with torch.cuda.stream(s2):
+            fork.wait()
+            out = y * 2
+        default_stream.wait_stream(s2)
+        return out
+    return multiple_waiters if kind == "multiple_waiters" else intervening
+
+
+@pytest.mark.parametrize("kind", ["multiple_waiters", "wait_stream", "full_barrier"])
+def test_item_2_captured_programs_read_through_their_waits(kind):
+    """The programs of test_control_deps_multiple_waiters_thread_latest_passthrough and
+    test_intervening_sync_updates_event_passthrough[wait_stream|full_barrier], captured on this CPU and run through the
+    passes: every `mul` reads `y` through a getitem of the wait on `fork` on its own stream, the sanitizer with
+    reordering finds nothing in the default's joint graph, and it does in the seed's."""
+    from streamnb.capturing import capture, eager
+    fn = _captured(kind)
+    x = torch.ones(2, 2, requires_grad=True)
+    cap = capture(fn, x)
+    default, seed = cap.process(), cap.process(upstream=True)
+    fw = default.forward   # (the backward's muls are annotated too, by chapter 10's pass)
+    fork_waits = [c for c in ctrls_of(fw, WAIT) if inner(fw, c).args[0] == 1]
+    muls = [n for n in fw.graph.nodes if n.target is aten.mul.Tensor]
+    assert len(muls) == len(fork_waits) == (2 if kind == "multiple_waiters" else 1)
+    for mul, wait in zip(muls, fork_waits):
+        assert mul.args[0].target is operator.getitem and mul.args[0].args[0] is wait
+    clean(default.joint, cap.current_stream)
+    reg = StreamRegistry(current_stream=cap.current_stream)
+    assert "reorderable" in sanitize(seed.joint, reorder=True, registry=reg).kinds
+    torch.testing.assert_close(default.run(x).outputs, eager(fn, x).outputs)
