@@ -377,3 +377,113 @@ def test_item_2_captured_programs_read_through_their_waits(kind):
     reg = StreamRegistry(current_stream=cap.current_stream)
     assert "reorderable" in sanitize(seed.joint, reorder=True, registry=reg).kinds
     torch.testing.assert_close(default.run(x).outputs, eager(fn, x).outputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 5: input write-backs and barriers (corrections 13 and 19, chapter 10)
+# ---------------------------------------------------------------------------------------------------------------
+
+def mutate_then_barrier(barrier, mutation_stream=1, backward=False):
+    """What AOTAutograd hands over for PyTorch's test_input_mutation_writeback_precedes_barrier[barrier] (`with stream:
+    x.add_(1)`, the barrier, `return y + 1`) and, with `mutation_stream=None`, for
+    test_current_stream_alias_writeback_precedes_wait_stream (`x.add_(1)` on the current stream, then
+    `observer.wait_stream(current_stream)`): the write-back `copy_(x, add)` at the graph's end. `backward`: the same
+    in a joint graph's backward (test_backward_input_writeback_before_wait_stream_errors's custom backward)."""
+    tag = "is_backward" if backward else None
+    b = GraphBuilder(device="cpu")
+    x, y = b.input("arg0_1", tag=None), b.input("tangents_1" if backward else "arg1_1", tag=tag)
+    add = b.op(aten.add.Tensor, x, 1, stream=mutation_stream, tag=tag)
+    s = mutation_stream
+    if barrier == "wait_stream": b.sync(WAIT_S, 2 if s is None else 0, 0 if s is None else s, tag=tag)
+    elif barrier == "synchronize_stream": b.sync(SYNC_S, s, tag=tag)
+    elif barrier == "synchronize_device": b.sync(SYNC_D, "cuda", 0, tag=tag)
+    else: b.sync(REC, 9, s, tag=tag); b.sync(WAIT, 9, 0, tag=tag)
+    out = b.op(aten.add.Tensor, y, 1, tag=tag)
+    b.op(aten.copy_.default, x, add, tag="must_be_in_backward" if backward else None)
+    return b.output(out)
+
+
+def _passes(gm, upstream=False):
+    from streamnb.pipeline import run_stream_passes
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(gm, upstream=upstream)
+    return gm
+
+
+BARRIERS = {"wait_stream": WAIT_S, "synchronize_stream": SYNC_S, "synchronize_device": SYNC_D, "wait_event": REC}
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed leaves the write-back after the barrier"), id="upstream")])
+@pytest.mark.parametrize("barrier", list(BARRIERS))
+def test_correction_13_input_mutation_writeback_precedes_barrier(barrier, upstream):
+    """The write-back `copy_` is a dep of the barrier (PyTorch's `assert_writeback_precedes_barrier`; for
+    `wait_event`, of the record of the event it waits for, where the event captures the stream's work), it comes
+    before it in the code, the order holds along data edges, and the input holds the new value."""
+    from streamnb.capturing import run_graph
+    gm = _passes(mutate_then_barrier(barrier), upstream)
+    (copy,) = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
+    (bar,) = ctrls_of(gm, BARRIERS[barrier])
+    assert copy in bar.args[0] and copy.args[0].op == "placeholder"
+    clean(gm)
+    x, y = torch.zeros(4), torch.zeros(4)
+    assert run_graph(gm, x, y)[0].tolist() == [1.0] * 4 and x.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed leaves the write-back after the barrier"), id="upstream")])
+def test_correction_13_current_stream_alias_writeback_precedes_wait_stream(upstream):
+    """test_current_stream_alias_writeback_precedes_wait_stream[direct]: the mutation runs on the current stream
+    (unannotated), an observer stream joins it. (Its `argument` and `closure` cases pass the current stream as a
+    `torch.cuda.ExternalStream` alias of it; after dynamo the graph is this one, and on a CPU there is no such alias.)"""
+    from streamnb.capturing import run_graph
+    gm = _passes(mutate_then_barrier("wait_stream", mutation_stream=None), upstream)
+    (copy,) = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
+    (bar,) = ctrls_of(gm, WAIT_S)
+    assert copy in bar.args[0]
+    clean(gm)
+    x = torch.zeros(4)
+    run_graph(gm, x, torch.zeros(4))
+    assert x.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed leaves the write-back after the barrier"), id="upstream")])
+def test_correction_13_backward_input_writeback_is_ordered_before_the_join(upstream):
+    """test_backward_input_writeback_before_wait_stream_errors: a custom backward mutates a saved input on a side
+    stream, then the current stream joins it. Newer PyTorch refuses it ('backward input mutation cannot be ordered').
+    On torch 2.13 AOTAutograd writes the input back inside the backward graph (a `copy_` at its end, as PyTorch's
+    test_epilogue_copy_stream_tracking shows), so the default orders it instead: the `copy_` moves before the join
+    (correction 13), the join depends on it, and the input holds the new value: a refusal would refuse a right program."""
+    from streamnb.capturing import run_graph
+    gm = _passes(mutate_then_barrier("wait_stream", backward=True), upstream)
+    (copy,) = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
+    (bar,) = ctrls_of(gm, WAIT_S)
+    assert copy in bar.args[0]
+    clean(gm)
+    x = torch.zeros(4)
+    run_graph(gm, x, torch.zeros(4))
+    assert x.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="the seed compiles it silently"), id="upstream")])
+def test_correction_19_out_of_graph_input_writeback_before_wait_stream_errors(upstream):
+    """test_out_of_graph_input_writeback_before_wait_stream_errors: `x` requires grad, so AOTAutograd returns its new
+    value and the runtime wrapper writes it back after the call; `x.add_(1)` runs on the current stream and an
+    observer stream joins it inside the graph. No write-back can be ordered before that join: refused, saying what to
+    move (the same rule as test_compile_corrections' side-stream case, end to end)."""
+    import types
+    from streamnb.assign import UnorderableWriteBackError
+    from streamnb.metadata import populate_fw_metadata_with_stream_indices
+    b = GraphBuilder()
+    x, y = b.input("primals_1", tag=None), b.input("primals_2", tag=None)
+    add = b.op(aten.add.Tensor, x, 1, tag=None)
+    b.sync(WAIT_S, 2, 0)
+    gm = b.output(add, b.op(aten.add.Tensor, y, 1, tag=None))
+    meta = types.SimpleNamespace(input_info=[types.SimpleNamespace(mutates_data=True),
+                                             types.SimpleNamespace(mutates_data=False)], mutated_inp_runtime_indices=[0],
+                                 num_mutated_inp_runtime_indices=1)
+    with use_registry(StreamRegistry(current_stream=0)):
+        with pytest.raises(UnorderableWriteBackError, match="Move the barrier after the compiled function call"):
+            populate_fw_metadata_with_stream_indices(gm, meta, upstream=upstream)
