@@ -346,14 +346,14 @@ class _DeferredOutput:
 # %% ../nbs/13_control_deps.ipynb #2015ad53
 def _getitems_before(graph: torch.fx.Graph, sync: Node, deps: list[Node], visited: set[Node],
                      output: _DeferredOutput | None = None) -> list[Node]:
-    """`deps` with each multi-output node (a dict: a Triton kernel's results; a tuple) that is read after `sync` only
-    through getitems replaced by getitems made right before `sync` (one per key; the later getitems are erased, their
+    """`deps` with each dict-valued node (a Triton kernel's results) that is read after `sync` only through getitems
+    replaced by getitems made right before `sync` (one per key; the later getitems are erased, their
     users read the new ones) and the ones walked so far: such a node is never a dep nor passed through (correction 31,
     newer PyTorch's `_expand_dict_returning_deps`). `output`: the output node's reads, held aside by the pass."""
     out = []
     for d in deps:
         later = [u for u in d.users if u not in visited]
-        if (not isinstance(d.meta.get("val"), (tuple, list, dict)) or is_control_deps(d) or not later
+        if (not isinstance(d.meta.get("val"), dict) or is_control_deps(d) or not later
                 or any(u.target is not operator.getitem or u.kwargs for u in later)):
             out.append(d); continue
         made: dict = {}
@@ -575,8 +575,8 @@ _NEWER_RULES = (   # issue 47: newer PyTorch's rules for the syncs a program wri
      "event", "a bare sync is still an anchor: the next sync on its streams (after a host barrier: on every stream, a "
      "stream first seen after it too) depends on its node, and a `synchronize_event` on its record's node, as newer "
      "PyTorch does (test_empty_*_anchors_record, test_event_synchronize_tracing)"),
-    (31, CorrectedWrap.dict_deps, "passes a multi-output node read after a sync only through getitems (a Triton "
-     "kernel's `triton_kernel_wrapper_functional`, whose value is a dict) through the sync: `control_deps` returns the "
+    (31, CorrectedWrap.dict_deps, "passes a dict-valued node read after a sync only through getitems (a Triton "
+     "kernel's `triton_kernel_wrapper_functional`) through the sync: `control_deps` returns the "
      "dict, which Inductor's decomposition replaces with a raw Python dict (a `KeyError` in lowering)", "the node's "
      "getitems are made before the sync and passed through instead, as newer PyTorch's `_expand_dict_returning_deps` "
      "(test_expand_dict_returning_deps_triton_kernel)"),
