@@ -5,6 +5,7 @@
 # %% ../nbs/10_backward_streams.ipynb #201c7dc2
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -114,6 +115,57 @@ def _touched_between(gm: GraphModule, join: Node, copy: Node) -> bool:
     "Would moving `copy` above `join` change a result (`_first_touch`)?"
     return _first_touch(gm, join, copy) is not None
 
+# %% ../nbs/10_backward_streams.ipynb #b24574a2
+def _versions(copy: Node) -> list[Node]:
+    """The input's earlier versions that the write-back `copy`'s source was made from, newest first: functionalization
+    writes an in-place op on the input as its functional form, with the input's previous version as first argument.
+    Empty where the source's first-argument chain does not lead back to the input (nothing then to decide from)."""
+    dst, v, out = copy.args[0], _origin(copy.args[1]), []
+    while True:
+        if v.op != "call_function" or not v.args or not isinstance(v.args[0], Node): return []
+        if (v := _origin(v.args[0])) is dst: return out
+        out.append(v)
+
+# %% ../nbs/10_backward_streams.ipynb #7070db9c
+def _written(n: Node) -> set[int] | None:
+    """The storage offsets that the functional op `n` may change in its first argument (an input's previous version):
+    those of an `as_strided_scatter`'s view (how AOTAutograd writes a mutation of a synthetic base's alias); None (all of
+    them) for any other op, or for a view of more than 2**20 elements."""
+    if n.target is not aten.as_strided_scatter.default: return None
+    size, stride = n.args[2], n.args[3]
+    offset = n.args[4] if len(n.args) > 4 else n.kwargs.get("storage_offset")
+    offset = 0 if offset is None else offset
+    if not all(isinstance(v, int) for v in (*size, *stride, offset)) or math.prod(size) > 2**20: return None
+    out = {offset}   # (in plain Python: the pass may run under a fake-tensor mode)
+    for s, st in zip(size, stride): out = {o + k * st for o in out for k in range(s)}
+    return out
+
+
+# %% ../nbs/10_backward_streams.ipynb #702d90b0
+def _hoist_disjoint(gm: GraphModule, copy: Node) -> Node | None:
+    """If the write-back `copy`'s input was mutated before a barrier that joins the mutation's stream and again after
+    it, in disjoint elements (`_written`), move the nodes after the barrier that its final value is made from above the
+    barrier, when they all run on the final value's stream and are no stream ops: return the barrier (else None)."""
+    src, versions = _origin(copy.args[1]), _versions(copy)
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for v in versions:   # newest first: the last version a barrier before `src` orders
+        if (b := _first_capture(gm, {v}, get_stream(v), src)) is not None: break
+    else: return None
+    steps = [src, *versions]
+    regions = [_written(s) for s in steps]
+    if any(r is None for r in regions): return None
+    before = set().union(*(r for s, r in zip(steps, regions) if pos[s] < pos[b]))
+    if not before.isdisjoint(set().union(*(r for s, r in zip(steps, regions) if pos[s] > pos[b]))): return None
+    moved, todo = {src}, [src]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if pos[i] > pos[b] and i not in moved: moved.add(i); todo.append(i)
+    if any(m.op != "call_function" or decode(m, gm) is not None or get_stream(m) != get_stream(src) for m in moved):
+        return None
+    for m in sorted(moved, key=pos.get): b.prepend(m)
+    return b
+
+
 # %% ../nbs/10_backward_streams.ipynb #974e0427
 class SeedEpilogue:
     "The seed's placement of an epilogue copy; `CorrectedEpilogue` overrides what the corrections change."
@@ -129,9 +181,20 @@ class CorrectedEpilogue(SeedEpilogue):
                 "join waits for (unless a node in between touches the input or writes the source, through any alias)")
     def place(self, gm: GraphModule, copy: Node) -> None:
         "Move `copy` before the first join of its stream after its source, unless that changes what anything computes."
+        self.disjoint(gm, copy)
         join = _first_join_after_source(gm, copy)
         if join is None or _touched_between(gm, join, copy): return
         join.prepend(copy)
+
+    @correction(32, "10_backward_streams", "an input mutated in disjoint elements on either side of a barrier that "
+                "joins the mutation's stream (two aliases of one storage, one synthetic base to AOTAutograd) has one "
+                "write-back, after the barrier: the barrier does not cover the first mutation (the default refused it, "
+                "correction 19)", "the making of the final value moves above the barrier when it runs on the mutation's "
+                "stream and reads nothing else made after it, and the write-back with it (13): accepted with eager's "
+                "values, as newer PyTorch accepts it (test_disjoint_mutations_cross_barrier)")
+    def disjoint(self, gm: GraphModule, copy: Node) -> None:
+        "Move the making of `copy`'s source above a barrier that orders a disjoint earlier mutation (`_hoist_disjoint`)."
+        _hoist_disjoint(gm, copy)
 
 # %% ../nbs/10_backward_streams.ipynb #605bc25e
 @stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers)
@@ -170,17 +233,6 @@ def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
         f"back outside the graph, after the compiled function returns: the write-back cannot be ordered before this "
         f"stream barrier inside the compiled region, which orders that stream's work after {new.name}. Move the "
         "barrier after the compiled function call (or the mutation after the barrier)")
-
-# %% ../nbs/10_backward_streams.ipynb #b24574a2
-def _versions(copy: Node) -> list[Node]:
-    """The input's earlier versions that the write-back `copy`'s source was made from, newest first: functionalization
-    writes an in-place op on the input as its functional form, with the input's previous version as first argument.
-    Empty where the source's first-argument chain does not lead back to the input (nothing then to decide from)."""
-    dst, v, out = copy.args[0], _origin(copy.args[1]), []
-    while True:
-        if v.op != "call_function" or not v.args or not isinstance(v.args[0], Node): return []
-        if (v := _origin(v.args[0])) is dst: return out
-        out.append(v)
 
 # %% ../nbs/10_backward_streams.ipynb #a17671f3
 def _refuse_spanning(gm: GraphModule, copy: Node) -> None:

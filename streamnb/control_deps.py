@@ -343,6 +343,30 @@ class _DeferredOutput:
         self._saved = None
         self.node.args, self.node.kwargs = map_arg(args, current), map_arg(kwargs, current)
 
+# %% ../nbs/13_control_deps.ipynb #2015ad53
+def _getitems_before(graph: torch.fx.Graph, sync: Node, deps: list[Node], visited: set[Node],
+                     output: _DeferredOutput | None = None) -> list[Node]:
+    """`deps` with each dict-valued node (a Triton kernel's results) that is read after `sync` only through getitems
+    replaced by getitems made right before `sync` (one per key; the later getitems are erased, their
+    users read the new ones) and the ones walked so far: such a node is never a dep nor passed through (correction 31,
+    newer PyTorch's `_expand_dict_returning_deps`). `output`: the output node's reads, held aside by the pass."""
+    out = []
+    for d in deps:
+        later = [u for u in d.users if u not in visited]
+        if (not isinstance(d.meta.get("val"), dict) or is_control_deps(d) or not later
+                or any(u.target is not operator.getitem or u.kwargs for u in later)):
+            out.append(d); continue
+        made: dict = {}
+        for u in later:
+            if (key := u.args[1]) not in made:
+                with graph.inserting_before(sync): made[key] = fastfx.call_function(graph, operator.getitem, (d, key))
+                made[key].meta.update(u.meta); visited.add(made[key])
+            if output is not None and output.reads(u): output.replace(u, made[key])
+            u.replace_all_uses_with(made[key]); graph.erase_node(u)
+        out += [u for u in d.users if u in visited]   # (all getitems now)
+    return list(dict.fromkeys(out))
+
+
 # %% ../nbs/13_control_deps.ipynb #368b4fc6
 class _ReadOnce:
     "The wrap rules' reading of the graph: every stream op decoded once, by `check`, before any change."
@@ -350,10 +374,6 @@ class _ReadOnce:
     def decode(self, node: Node) -> StreamOp | None:
         "`decode(node)`, as `check` read it (the pass never changes a sync's event or streams)."
         return decode(node) if self.decoded is None else self.decoded.get(node)
-
-# %% ../nbs/13_control_deps.ipynb #1cb0d637
-class SeedWrap(_ReadOnce):
-    "The seed's decisions in the wrap pass, one method each; `CorrectedWrap` overrides those the corrections change."
     ops = SYNC_OPS   # the ops the pass wraps
     def read(self, node: Node) -> StreamOp | None:
         "The sync op `node` is, if the pass wraps it: one of `ops`, called as such (the seed misses the packet form)."
@@ -361,6 +381,10 @@ class SeedWrap(_ReadOnce):
     def check(self, gm: GraphModule) -> None:
         "Refuse a graph before any change: a malformed or unknown stream op (the seed fails half-way or ignores it)."
         self.decoded = check_stream_ops(gm)
+
+# %% ../nbs/13_control_deps.ipynb #1cb0d637
+class SeedWrap(_ReadOnce):
+    "The seed's decisions in the wrap pass, one method each; `CorrectedWrap` overrides those the corrections change."
     def start(self, w: _Walk) -> None: "Set up before the walk (the seed needs nothing)."
     def stream_deps(self, nodes: list[Node]) -> list[Node]:
         "A stream's list of nodes since its last sync, as deps."
@@ -385,6 +409,9 @@ class SeedWrap(_ReadOnce):
         "After a host barrier every list starts empty."
         w.stream_to_nodes.clear()
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None: "Note a wrapped sync."
+    def anchor(self, w: _Walk, node: Node, ctrl: Node | None) -> Node | None:
+        "What stands for the sync `node` after it (`ctrl`: its `control_deps`, or None if it stayed bare): its ctrl."
+        return ctrl
     def keeps(self, user: Node, dep: Node) -> bool:
         "Does `user` keep reading `dep` itself (its first argument) when `dep` passes through a sync? The seed: never."
         return False
@@ -442,10 +469,20 @@ class _CorrectedReading(SeedWrap):
 
 # %% ../nbs/13_control_deps.ipynb #e8db761d
 class _SyncAnchors(_CorrectedReading):
-    "Every sync an anchor (correction 20): a re-recorded event follows its previous record; a host barrier what reads later."
+    """Every sync an anchor: a re-recorded event follows its previous record; a host barrier what reads later (correction
+    20); a sync left bare is still a dep of the next sync on its streams (30)."""
     def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:
         prev = w.event_to_ctrl.get(self.decode(record).event)   # (CUDA: the last record wins; the wait follows the newest)
         return deps if prev is None or prev in deps else [prev, *deps]
+    def anchor(self, w: _Walk, node: Node, ctrl: Node | None) -> Node:                       # 30
+        "A sync left bare stands for itself: what follows it on its streams (or after a barrier, on all) follows it."
+        if ctrl is None and node not in w.backward_syncs: w.forward_ctrls.add(node)   # (7: never a backward sync's dep)
+        return node if ctrl is None else ctrl
+    def after_barrier(self, w: _Walk, anchor: Node) -> None:                                  # 8, 30
+        w.since_barrier = [anchor]   # (a stream first seen after the barrier starts from it too)
+        for s in w.stream_to_nodes: w.stream_to_nodes[s] = [anchor]
+    def add(self, w: _Walk, node: Node) -> None:                                               # 30
+        w.stream_to_nodes.setdefault(get_stream(node), list(w.since_barrier)).append(node)
     def barrier_deps(self, w: _Walk, barrier: Node, deps: list[Node]) -> list[Node]:
         b = barrier in w.backward_syncs
         return deps + _later_reads(barrier, None, w.visited, b, any_stream=True, backward_syncs=w.backward_syncs)
@@ -461,15 +498,15 @@ class CorrectedWrap(_SyncAnchors):
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
         if None in w.stream_to_nodes: w.stream_to_nodes[None] = _unannotated_after(w.stream_to_nodes[None], stream, ctrl)
-    def after_barrier(self, w: _Walk, ctrl: Node | None) -> None:                              # 8
-        if ctrl is None: return super().after_barrier(w, ctrl)
-        for s in w.stream_to_nodes: w.stream_to_nodes[s] = [ctrl]
     def record_deps(self, w: _Walk, record: Node, deps: list[Node]) -> list[Node]:            # 9 (and 20)
         deps = super().record_deps(w, record, deps)
         return deps + [t for t in _dealloc_tensors(w.deallocs.get(record, ())) if t not in deps]
     def finish_deps(self, w: _Walk, node: Node, deps: list[Node], crossing: tuple | None) -> list[Node]:
         deps = list(dict.fromkeys(self.tuple_deps(w, self.partition_deps(w, node, deps))))   # (no repeats)
-        return deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
+        deps = deps if crossing is None else deps + self.consumers_inputs(w, node, deps, *crossing)
+        return self.dict_deps(w, node, deps)
+    def dict_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:               # 31
+        return _getitems_before(w.graph, node, deps, w.visited, w.output)
     def partition_deps(self, w: _Walk, node: Node, deps: list[Node]) -> list[Node]:           # 7
         return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else _drop_tangents(node, deps)
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
@@ -489,7 +526,7 @@ class CorrectedWrap(_SyncAnchors):
         waiting, waited_on = op.streams   # after both streams' work, and what the waiting stream reads later (2.13):
         later = _later_reads(node, waiting, w.visited, node in w.backward_syncs, backward_syncs=w.backward_syncs)
         ctrl, _ = w.wrap(node, [*w.stream_deps(waited_on), *w.stream_deps(waiting), *later])   # (6's search: in it)
-        for s in (waited_on, waiting): w.after_sync(s, ctrl)
+        for s in (waited_on, waiting): w.after_sync(s, self.anchor(w, node, ctrl))
 
 # %% ../nbs/13_control_deps.ipynb #e2ca3de1
 _CORRECTIONS = (   # (number, the method that implements it, what the seed does, what the default does instead)
@@ -530,6 +567,23 @@ _CORRECTIONS = (   # (number, the method that implements it, what the seed does,
 )
 for _n, _method, _seed, _fix in _CORRECTIONS: correction(_n, "13_control_deps", _seed, _fix)(_method)
 
+# %% ../nbs/13_control_deps.ipynb #2e3ec2ae
+_NEWER_RULES = (   # issue 47: newer PyTorch's rules for the syncs a program writes itself (the same fields)
+    (30, _SyncAnchors.anchor, "a sync with nothing before it is left bare, and nothing after it depends on it: a "
+     "`record_event` after an empty `synchronize_stream`/`synchronize_device`/`wait_stream`/`synchronize_event` (or on "
+     "any stream after a host barrier) may be hoisted above it, and a `synchronize_event` above the bare record of its "
+     "event", "a bare sync is still an anchor: the next sync on its streams (after a host barrier: on every stream, a "
+     "stream first seen after it too) depends on its node, and a `synchronize_event` on its record's node, as newer "
+     "PyTorch does (test_empty_*_anchors_record, test_event_synchronize_tracing)"),
+    (31, CorrectedWrap.dict_deps, "passes a dict-valued node read after a sync only through getitems (a Triton "
+     "kernel's `triton_kernel_wrapper_functional`) through the sync: `control_deps` returns the "
+     "dict, which Inductor's decomposition replaces with a raw Python dict (a `KeyError` in lowering)", "the node's "
+     "getitems are made before the sync and passed through instead, as newer PyTorch's `_expand_dict_returning_deps` "
+     "(test_expand_dict_returning_deps_triton_kernel)"),
+)
+for _n, _method, _seed, _fix in _NEWER_RULES: correction(_n, "13_control_deps", _seed, _fix)(_method)
+
+
 # %% ../nbs/13_control_deps.ipynb #c1406707
 class _Walk:
     "The wrap pass's state as it walks the graph once (the seed keeps the same dicts as local variables)."
@@ -540,18 +594,19 @@ class _Walk:
         self.event_to_passthrough: dict[int, list[Node]] = {}     # event -> the getitems its record threaded through
         self.event_to_stream: dict[int, int | None] = {}          # event -> the stream it was recorded on
         self.visited: set[Node] = set()
+        self.since_barrier: list[Node] = []   # what a stream's list starts with (the seed: nothing; correction 30)
         self.found_sync = False
         self.output = _DeferredOutput(gm.graph)   # the output node's arguments, rewired once at the end
         rules.start(self)
 
     def stream_deps(self, stream: int | None) -> list[Node]:
         "What a sync on `stream` follows: the stream's list, and the unannotated nodes (they run on the current stream)."
-        deps = list(self.rules.stream_deps(self.stream_to_nodes.get(stream, [])))
+        deps = list(self.rules.stream_deps(self.stream_to_nodes.get(stream, self.since_barrier)))
         if None in self.stream_to_nodes and stream is not None: deps += self.rules.stream_deps(self.stream_to_nodes[None])
         return deps
 
     def all_stream_deps(self) -> list[Node]:
-        return [n for nodes in self.stream_to_nodes.values() for n in self.rules.stream_deps(nodes)]
+        return [n for nodes in self.stream_to_nodes.values() for n in self.rules.stream_deps(nodes)] or list(self.since_barrier)
 
     def wrap(self, node: Node, deps: list[Node], crossing: tuple | None = None) -> tuple[Node | None, list[Node]]:
         "Wrap `node` after `deps` as the rules finish them; with no deps left it stays bare: `(None, [])`."
@@ -568,7 +623,7 @@ class _Walk:
     def barrier(self, node: Node) -> None:
         "`synchronize_device`/`synchronize_stream`: the host blocks, so every stream's work so far comes before."
         ctrl, _ = self.wrap(node, self.rules.barrier_deps(self, node, self.all_stream_deps()))
-        self.rules.after_barrier(self, ctrl)
+        self.rules.after_barrier(self, self.rules.anchor(self, node, ctrl))
 
 # %% ../nbs/13_control_deps.ipynb #1cc58641
 def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
@@ -590,12 +645,13 @@ def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
         if event in w.event_to_stream: crossing = (w.event_to_stream[event], stream)
         else: deps = w.rules.external_wait_deps(w, deps)   # recorded before the graph runs
     ctrl, passthrough = w.wrap(node, deps, crossing)
+    anchor = w.rules.anchor(w, node, ctrl)   # (the seed: `ctrl`)
     if target is streams.record_event.default:
         w.event_to_stream[event] = stream
-        if ctrl is not None: w.event_to_ctrl[event] = ctrl
+        if anchor is not None: w.event_to_ctrl[event] = anchor
         w.event_to_passthrough[event] = passthrough
-    if target is streams.synchronize_event.default: w.rules.after_barrier(w, ctrl)
-    else: w.after_sync(stream, ctrl)
+    if target is streams.synchronize_event.default: w.rules.after_barrier(w, anchor)
+    else: w.after_sync(stream, anchor)
 
 # %% ../nbs/13_control_deps.ipynb #ae1efb05
 _PASS = "wrap_all_sync_nodes_with_control_deps"
@@ -625,6 +681,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                 elif op.target in _BARRIERS: w.barrier(node)
                 elif op.kind == "wait_stream": rules.wait_stream(w, node, op)
                 else: _event_sync(w, node, op)
+            while next_node._erased: next_node = next_node.next   # (a getitem remade before the sync: correction 31)
             node = next_node
     if w.found_sync: gm.recompile()
 

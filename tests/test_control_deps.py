@@ -551,18 +551,20 @@ def test_correction_9_dealloc_reads_its_records_getitem(upstream):
 
 
 def test_correction_8_after_a_barrier_and_bare_syncs():
-    "After synchronize_device every list restarts at its ctrl; a sync that gets no deps at all stays bare (no chain)."
+    """After synchronize_device every list restarts at its ctrl, the list of a stream never seen before too (correction
+    30, newer PyTorch's test_empty_synchronize_stream_anchors_record: a barrier anchors the record after it on any
+    stream)."""
     b = GraphBuilder()
     x = b.input("x")
     y = b.op(aten.neg.default, x, stream=1)
     b.sync(streams.synchronize_device.default, "cuda", 0)
     b.sync(REC, 3, 1)                                       # nothing new on stream 1: chained to the barrier
-    b.sync(REC, 4, 2)                                       # stream 2 never seen: bare in both modes
+    b.sync(REC, 4, 2)                                       # stream 2 never seen: chained to the barrier too (30)
     gm = b.output(y)
     wrap(gm)
-    dev, rec3 = ctrls(gm)
-    assert rec3.args[0] == (dev,)
-    assert [n.args for n in gm.graph.nodes if n.target is REC] == [(4, 2)]
+    dev, rec3, rec4 = ctrls(gm)
+    assert rec3.args[0] == (dev,) and rec4.args[0] == (dev,)
+    assert [n.args for n in gm.graph.nodes if n.target is REC] == []
 
 
 def test_seed_leaves_record_after_barrier_bare():
