@@ -186,7 +186,7 @@ class CorrectedEpilogue(SeedEpilogue):
         if join is None or _touched_between(gm, join, copy): return
         join.prepend(copy)
 
-    @correction(32, "10_backward_streams", "an input mutated in disjoint elements on either side of a barrier that "
+    @correction(28, "10_backward_streams", "an input mutated in disjoint elements on either side of a barrier that "
                 "joins the mutation's stream (two aliases of one storage, one synthetic base to AOTAutograd) has one "
                 "write-back, after the barrier: the barrier does not cover the first mutation (the default refused it, "
                 "correction 19)", "the making of the final value moves above the barrier when it runs on the mutation's "

@@ -348,7 +348,7 @@ def _getitems_before(graph: torch.fx.Graph, sync: Node, deps: list[Node], visite
                      output: _DeferredOutput | None = None) -> list[Node]:
     """`deps` with each dict-valued node (a Triton kernel's results) that is read after `sync` only through getitems
     replaced by getitems made right before `sync` (one per key; the later getitems are erased, their
-    users read the new ones) and the ones walked so far: such a node is never a dep nor passed through (correction 31,
+    users read the new ones) and the ones walked so far: such a node is never a dep nor passed through (correction 27,
     newer PyTorch's `_expand_dict_returning_deps`). `output`: the output node's reads, held aside by the pass."""
     out = []
     for d in deps:
@@ -569,13 +569,13 @@ for _n, _method, _seed, _fix in _CORRECTIONS: correction(_n, "13_control_deps", 
 
 # %% ../nbs/13_control_deps.ipynb #2e3ec2ae
 _NEWER_RULES = (   # issue 47: newer PyTorch's rules for the syncs a program writes itself (the same fields)
-    (30, _SyncAnchors.anchor, "a sync with nothing before it is left bare, and nothing after it depends on it: a "
+    (26, _SyncAnchors.anchor, "a sync with nothing before it is left bare, and nothing after it depends on it: a "
      "`record_event` after an empty `synchronize_stream`/`synchronize_device`/`wait_stream`/`synchronize_event` (or on "
      "any stream after a host barrier) may be hoisted above it, and a `synchronize_event` above the bare record of its "
      "event", "a bare sync is still an anchor: the next sync on its streams (after a host barrier: on every stream, a "
      "stream first seen after it too) depends on its node, and a `synchronize_event` on its record's node, as newer "
      "PyTorch does (test_empty_*_anchors_record, test_event_synchronize_tracing)"),
-    (31, CorrectedWrap.dict_deps, "passes a dict-valued node read after a sync only through getitems (a Triton "
+    (27, CorrectedWrap.dict_deps, "passes a dict-valued node read after a sync only through getitems (a Triton "
      "kernel's `triton_kernel_wrapper_functional`) through the sync: `control_deps` returns the "
      "dict, which Inductor's decomposition replaces with a raw Python dict (a `KeyError` in lowering)", "the node's "
      "getitems are made before the sync and passed through instead, as newer PyTorch's `_expand_dict_returning_deps` "
@@ -594,7 +594,7 @@ class _Walk:
         self.event_to_passthrough: dict[int, list[Node]] = {}     # event -> the getitems its record threaded through
         self.event_to_stream: dict[int, int | None] = {}          # event -> the stream it was recorded on
         self.visited: set[Node] = set()
-        self.since_barrier: list[Node] = []   # what a stream's list starts with (the seed: nothing; correction 30)
+        self.since_barrier: list[Node] = []   # what a stream's list starts with (the seed: nothing; correction 26)
         self.found_sync = False
         self.output = _DeferredOutput(gm.graph)   # the output node's arguments, rewired once at the end
         rules.start(self)
@@ -681,7 +681,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
                 elif op.target in _BARRIERS: w.barrier(node)
                 elif op.kind == "wait_stream": rules.wait_stream(w, node, op)
                 else: _event_sync(w, node, op)
-            while next_node._erased: next_node = next_node.next   # (a getitem remade before the sync: correction 31)
+            while next_node._erased: next_node = next_node.next   # (a getitem remade before the sync: correction 27)
             node = next_node
     if w.found_sync: gm.recompile()
 

@@ -1,4 +1,4 @@
-"""Issue 47: newer PyTorch's ordering rules for the syncs a program writes itself (corrections 30 to 33).
+"""Issue 47: newer PyTorch's ordering rules for the syncs a program writes itself (corrections 26 to 28).
 
 Each test replays a test of PyTorch main's `test/dynamo/test_streams.py` (named in its docstring) on a `GraphBuilder`
 graph, on a CPU: what that test asserts about the graph where it is stable, the order along data edges (the sanitizer
@@ -56,7 +56,7 @@ def wrapped(gm, upstream=False, current=0):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Item 1: every sync is an anchor (correction 30)
+# Item 1: every sync is an anchor (correction 26)
 # ---------------------------------------------------------------------------------------------------------------
 
 EMPTY_SYNCS = {"synchronize_stream": (SYNC_S, 0), "synchronize_device": (SYNC_D, "cuda", 0),
@@ -65,7 +65,7 @@ EMPTY_SYNCS = {"synchronize_stream": (SYNC_S, 0), "synchronize_device": (SYNC_D,
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
 @pytest.mark.parametrize("sync", list(EMPTY_SYNCS))
-def test_correction_30_an_empty_sync_anchors_the_next_record(sync, upstream):
+def test_correction_26_an_empty_sync_anchors_the_next_record(sync, upstream):
     """PyTorch's test_empty_{synchronize_stream,synchronize_device,wait_stream,synchronize_event}_anchors_record and
     test_external_wait_event_anchors_record: a sync with nothing before it, then `record_event(1, 1)`; the record is
     wrapped with the sync (its node, or its `control_deps`) as a dependency. (The seed wraps the external wait and the
@@ -83,7 +83,7 @@ def test_correction_30_an_empty_sync_anchors_the_next_record(sync, upstream):
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_correction_30_synchronize_event_follows_a_bare_record(upstream):
+def test_correction_26_synchronize_event_follows_a_bare_record(upstream):
     """PyTorch's test_event_synchronize_tracing: `record_event(1, 0)` with nothing before it, `add`, then
     `synchronize_event(1)`: the synchronize is wrapped with the record and `add` as dependencies (PyTorch's graph:
     `control_deps((record_event, add), subgraph_synchronize_event)`)."""
@@ -98,7 +98,7 @@ def test_correction_30_synchronize_event_follows_a_bare_record(upstream):
     clean(gm)
 
 
-def test_correction_30_wait_stream_anchors_the_following_record():
+def test_correction_26_wait_stream_anchors_the_following_record():
     """PyTorch's test_wait_stream_anchors_following_record: `a = x @ x`, `ready.record(default)`, then on `side`:
     `side.wait_stream(default)` and `e.record()`; `e.wait()` on the default stream. The wait_stream follows the first
     record; the record on the waiting stream follows the wait_stream; no record is left bare."""
@@ -117,7 +117,7 @@ def test_correction_30_wait_stream_anchors_the_following_record():
     clean(gm)
 
 
-def test_correction_30_same_stream_records_form_a_chain():
+def test_correction_26_same_stream_records_form_a_chain():
     "PyTorch's test_same_stream_record_ordering: three records on one stream after `a = x + 1`, each after the last."
     b = GraphBuilder()
     x = b.input("x", tag=None)
@@ -129,7 +129,7 @@ def test_correction_30_same_stream_records_form_a_chain():
     gm.graph.lint()
 
 
-def test_correction_30_leading_synchronize_stream_orders_following_work():
+def test_correction_26_leading_synchronize_stream_orders_following_work():
     "PyTorch's test_leading_synchronize_stream_orders_following_work: `synchronize()` first, then `x + 1` reads through it."
     b = GraphBuilder()
     x = b.input("x", tag=None)
@@ -141,7 +141,7 @@ def test_correction_30_leading_synchronize_stream_orders_following_work():
     clean(gm)
 
 
-def test_correction_30_anchors_in_the_backward():
+def test_correction_26_anchors_in_the_backward():
     """The same rule in a joint graph's backward: the forward records `fw`; the backward's host barrier has nothing of
     the backward before it (correction 7 drops the forward's record), so it stays bare, and the backward's record after
     it is wrapped with it as a dependency."""
@@ -226,7 +226,7 @@ def test_intervening_sync_updates_event_passthrough(kind, backward, cur):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Item 4: a dict-valued node is never passed through control_deps (correction 31)
+# Item 4: a dict-valued node is never passed through control_deps (correction 27)
 # ---------------------------------------------------------------------------------------------------------------
 
 def triton_then_record():
@@ -244,7 +244,7 @@ def triton_then_record():
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_correction_31_a_dict_is_never_passed_through_a_sync(upstream):
+def test_correction_27_a_dict_is_never_passed_through_a_sync(upstream):
     "The kernel's getitem is made before the record and passed through instead of the dict; the old getitem is gone."
     gm = wrapped(triton_then_record(), upstream)
     (rec,) = ctrls(gm)
@@ -260,12 +260,12 @@ def test_correction_31_a_dict_is_never_passed_through_a_sync(upstream):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Item 3: partitions (corrections 7 and 30)
+# Item 3: partitions (corrections 7 and 26)
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("forward_sync", ["wrapped", "bare"])
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
-def test_correction_30_backward_full_barrier_filters_forward_sync_deps(upstream, forward_sync):
+def test_correction_26_backward_full_barrier_filters_forward_sync_deps(upstream, forward_sync):
     """PyTorch's test_backward_full_barrier_filters_forward_sync_deps: a forward sync (a record after `fw_compute`, or a
     `wait_stream` of two idle streams, left bare), then a backward `record_event(1, 0)` and a backward host barrier. The barrier depends
     on the backward sync (the seed leaves both bare), never on the forward one."""
@@ -527,7 +527,7 @@ def run_disjoint(layout, upstream=False):
 @pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
     strict=True, reason="the seed leaves the one write-back after the join"), id="upstream")])
 @pytest.mark.parametrize("layout", ["interleaved", "finite_sparse", "blocks"])
-def test_correction_32_disjoint_mutations_cross_barrier(layout, upstream):
+def test_correction_28_disjoint_mutations_cross_barrier(layout, upstream):
     """Where torch 2.13 cannot prove the two aliases apart (interleaved, finite_sparse) they are one synthetic base with
     one write-back; the mutations write disjoint elements, so the default moves the second mutation's making and the
     write-back above the join (before: refused, 'spans a stream barrier'). Where it can (blocks), each has its
@@ -542,7 +542,7 @@ def test_correction_32_disjoint_mutations_cross_barrier(layout, upstream):
     assert copies[0] in join.args[0] and (layout != "blocks" or copies[1] not in ancestors(join))
 
 
-def test_correction_32_overlapping_mutations_across_a_barrier_are_still_refused():
+def test_correction_28_overlapping_mutations_across_a_barrier_are_still_refused():
     "The same with overlapping aliases (offsets 0 and 2, stride 2): no order honours the join; refused (correction 19)."
     with pytest.raises(Exception, match="spans a stream barrier"):
         run_disjoint("overlapping")
