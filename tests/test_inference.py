@@ -282,3 +282,14 @@ def test_the_programs_own_missing_record_stream_is_named():
 def test_build_inference_refuses_unknown_names():
     with pytest.raises(KeyError, match="no inference program 'x'"): build_inference("x", "objects")
     with pytest.raises(ValueError, match="style must be one of"): build_inference("kv_side", "cuda")
+
+
+def test_the_default_protects_h_even_where_the_program_records_it():
+    # chapter 20b's prose: the default's dealloc pass does not credit a user's record_stream (a known cost, not a race):
+    # the fixed TP layer's default forward still holds h (addmm) with a sync_dealloc, and loses the overlap
+    torch.manual_seed(0)
+    with cpu_streams(): m = CommOverlap("objects").requires_grad_(False)
+    ex = explain(m, torch.randn(6, 16))
+    de = ex.modes["default"]
+    assert ops(de.forward)["sync_dealloc"] == 2 and de.forward_report.errors == []   # h's and mul's
+    assert de.timeline.makespan > ex.modes["upstream"].timeline.makespan == ex.before.makespan
