@@ -29,7 +29,7 @@ from .partitioning import PARTITIONERS, add_control_deps_vals, partition
 
 
 # %% auto #0
-__all__ = ['FRONTENDS', 'Capture', 'capture', 'eager']
+__all__ = ['FRONTENDS', 'FORWARD_ONLY_PASSES', 'Capture', 'capture', 'forward_only_passes', 'eager']
 
 # %% ../nbs/16c_capture.ipynb #ea8dc6e5
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class Capture:
     "A model's joint graph before any stream pass, its forward and backward, and what running them needs."
     joint: GraphModule                 # the joint graph; `meta['val']` on `device` (see `on_device`)
     forward: GraphModule               # `joint` split by `partitioner`
-    backward: GraphModule
+    backward: GraphModule | None      # None: a program with no gradient (forward only, see `inference`)
     fn: Callable                       # the function or module captured
     param_names: list[str]             # primals = parameters, buffers, then the inputs
     buffer_names: list[str]
@@ -54,15 +54,27 @@ class Capture:
     processed: dict | None = None      # None, or how `process` was called
     frontend: str = "aot"              # the frontend that traced it ("aot" or "dynamo")
     custom_backward: frozenset = frozenset()   # the names of the nodes of custom autograd.Function backwards (dynamo)
+    program_streams: frozenset = frozenset()   # the stream indices of the program's stream objects (dynamo's table)
 
     @property
     def module(self) -> nn.Module | None: return self.fn if isinstance(self.fn, nn.Module) else None
+
+    @property
+    def owned_streams(self) -> frozenset:
+        "The annotated streams the compiler owns: `annotate` regions', not the program's stream objects'."
+        return frozenset(self.streams) - self.program_streams
+
+    @property
+    def inference(self) -> bool:
+        "A forward-only capture (a program with no gradient): `joint` is `forward`, `backward` is None."
+        return self.backward is None
 
     def __repr__(self):
         n = lambda gm: sum(1 for _ in gm.graph.nodes)
         how = "unprocessed" if self.processed is None else f"processed({self.processed})"
         return (f"Capture({getattr(self.fn, '__name__', type(self.fn).__name__)}, streams={sorted(self.streams)}, "
-                f"joint={n(self.joint)} nodes, forward={n(self.forward)}, backward={n(self.backward)}, {how})")
+                f"joint={n(self.joint)} nodes, forward={n(self.forward)}, "
+                f"{'forward only: no backward' if self.inference else f'backward={n(self.backward)}'}, {how})")
 
 # %% ../nbs/16c_capture.ipynb #ec4bf910
 def _flat_fn(fn, param_names, buffer_names, spec_box):
@@ -157,7 +169,7 @@ def _traced(flat_fn: Callable, flat: list, frontend: str, name: str) -> tuple[di
     except TraceError as e:
         if frontend != "auto": raise
         got, failed = None, e
-    if frontend == "auto" and (failed is not None or not _names_streams(got["joint"])):
+    if frontend == "auto" and (failed is not None or not _names_streams(_graph_of(got))):
         try: again = _trace(flat_fn, flat, "dynamo", name)   # stream objects: only dynamo reads them
         except TraceError as e:
             if failed is not None and re.search(r"requires CUDA|not compiled with CUDA", str(failed)):
@@ -165,8 +177,12 @@ def _traced(flat_fn: Callable, flat: list, frontend: str, name: str) -> tuple[di
                                  "need CUDA)") from e   # dynamo's failure is the one that tells the user something
             if failed is not None: raise TraceError(f"{failed}. With frontend='dynamo' too: {e}") from failed
             again = None
-        if again is not None and (failed is not None or _names_streams(again["joint"])): got, used = again, "dynamo"
+        if again is not None and (failed is not None or _names_streams(_graph_of(again))): got, used = again, "dynamo"
     return got, used
+
+def _graph_of(got: dict) -> GraphModule:
+    "The graph `_trace_joint` got: the joint graph, or a program with no gradient's inference graph."
+    return got["joint"] if "joint" in got else got["inference"]
 
 def _stream_notes(name: str, joint: GraphModule, streams: set) -> list[str]:
     "What `capture` says of a joint graph with no stream annotation (none if it has some)."
@@ -181,8 +197,9 @@ def _stream_notes(name: str, joint: GraphModule, streams: set) -> list[str]:
 # %% ../nbs/16c_capture.ipynb #974af240
 def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str = "auto", device: str = "meta") -> Capture:
     """Trace forward and backward of `fn_or_module(*example_inputs)` with AOTAutograd, keeping the graphs as they are
-    before any stream pass. `frontend`: "aot" (`aot_function`: `annotate` regions), "dynamo" (`torch.compile` under
-    `cpu_streams`: also stream objects, events, `wait_stream`), "auto": "aot", then "dynamo" if that fails or sees no stream."""
+    before any stream pass (a program with no gradient: its inference graph, forward only). `frontend`: "aot"
+    (`aot_function`: `annotate` regions), "dynamo" (`torch.compile` under `cpu_streams`: also stream objects, events,
+    `wait_stream`), "auto": "aot", then "dynamo" if that fails or sees no stream."""
     fn = fn_or_module
     name = getattr(fn, "__name__", type(fn).__name__)
     if frontend not in FRONTENDS: raise CaptureError(f"frontend must be one of {FRONTENDS}, got {frontend!r}")
@@ -194,15 +211,10 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     params = dict(fn.named_parameters()) if isinstance(fn, nn.Module) else {}
     buffers = dict(fn.named_buffers()) if isinstance(fn, nn.Module) else {}
     flat = [*params.values(), *buffers.values(), *example_inputs]
-    if not any(t.requires_grad for t in flat):
-        raise NoGradError(f"{name}: no input requires grad and there are no trainable parameters, so there is no "
-                          "backward graph; call .requires_grad_() on an input")
-    if not torch.is_grad_enabled():   # (AOTAutograd traces a forward only: no joint graph)
-        raise NoGradError(f"{name}: grad mode is off (torch.no_grad or torch.inference_mode), so there is no backward graph; "
-                          "capture needs one (forward-only programs are not captured yet): call it with grad enabled")
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
     with _saved_tensors_hooks_refused(name): got, used = _traced(flat_fn, flat, frontend, name)
+    if "inference" in got: return _forward_only(fn, name, got, used, params, buffers, example_inputs, spec_box[0], device)
     joint, meta = got["joint"], got["fw_metadata"]
     custom = tag_custom_backward(joint) if used == "dynamo" else []   # a custom autograd.Function's backward: its tags
     if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
@@ -217,15 +229,42 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=spec_box[0],
                    num_fwd_outputs=got["num_fwd_outputs"], joint_inputs=got["joint_inputs"], fw_metadata=meta,
                    streams=streams, notes=notes, primal_order=got["order"], current_stream=0, frontend=used,
-                   custom_backward=frozenset(n.name for n in custom))
+                   custom_backward=frozenset(n.name for n in custom),
+                   program_streams=frozenset(got.get("program_streams", ())))
+
+# %% ../nbs/16c_capture.ipynb #d2018dd3
+def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, buffers: dict, example_inputs, out_spec,
+                  device: str) -> Capture:
+    """`capture` of a program with no gradient (nothing requires grad, or grad mode is off): AOTAutograd traced its
+    inference graph, which is the forward; there is no backward graph, so the backward passes do not apply."""
+    fw, meta = got["inference"], got["fw_metadata"]
+    outs = pytree.tree_leaves(fw.graph.output_node().args[0])
+    if meta.num_mutated_inp_runtime_indices or len(outs) != len(meta.output_info):
+        raise CaptureError(f"{name} mutates an input or buffer (e.g. a cache written in place): not supported; "
+                           "return the new value instead of updating an input in place")
+    streams = graph_streams(fw)
+    on_device(fw, device)
+    why = ("grad mode is off: torch.no_grad or torch.inference_mode" if not torch.is_grad_enabled() else
+           "nothing requires grad: no input, parameter or buffer")
+    notes = [f"{name}: forward only ({why}): the backward passes do not apply. AOTAutograd traces an inference graph "
+             "and runs only assign_epilogue_copy_streams, the wrap and the metadata pass on it (the upstream mode); "
+             "the default adds what use_streamnb_passes adds (forward_only_passes)."]
+    notes += _stream_notes(name, fw, streams) + got.get("dynamo_notes", [])
+    return Capture(joint=fw, forward=fw, backward=None, fn=fn, param_names=list(params), buffer_names=list(buffers),
+                   requires_grad=[x.requires_grad for x in example_inputs], out_spec=out_spec, num_fwd_outputs=len(outs),
+                   joint_inputs=None, fw_metadata=meta, streams=streams, notes=notes, primal_order=got["order"],
+                   current_stream=0, frontend=used, program_streams=frozenset(got.get("program_streams", ())))
+
 
 # %% ../nbs/16c_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,
              **pipeline_kwargs) -> Capture:
-    """Run the stream passes on a copy of the joint graph, as AOTAutograd does, then partition it; a new Capture.
+    """Run the stream passes on a copy of the joint graph, as AOTAutograd does, then partition it; a new Capture (forward
+    only: `forward_only_passes` on a copy of the forward).
     `pipeline_kwargs` go to `run_stream_passes` (e.g. `device`, `mechanism`, or chapter 21's extra step, `after`)."""
     if self.processed is not None: raise CaptureError("this capture is already processed; call process on the original")
     if partitioner not in PARTITIONERS: raise CaptureError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
+    if self.inference: return _process_forward_only(self, upstream, partitioner, registry, **pipeline_kwargs)
     joint = copy.deepcopy(self.joint)
     fw_metadata = copy.copy(self.fw_metadata)     # the metadata pass writes mutated_inp_stream_indices
     with use_registry(registry or StreamRegistry(start=100, current_stream=self.current_stream)):
@@ -239,6 +278,42 @@ def _process(self: Capture, upstream: bool = False, partitioner: str = "default"
                                partitioner=partitioner, notes=notes,
                                processed=dict(upstream=upstream, partitioner=partitioner, **pipeline_kwargs))
 Capture.process = _process
+
+# %% ../nbs/16c_capture.ipynb #4c4dd2fd
+from .graph import PIPELINE_ORDER
+
+FORWARD_ONLY_PASSES = ("assign_epilogue_copy_streams", "wrap_all_sync_nodes_with_control_deps",
+                       "populate_fw_metadata_with_stream_indices")   # what AOTAutograd 2.13 calls on an inference graph
+
+def forward_only_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: Any = None, owned_streams: bool = False,
+                        forward_syncs: bool = False, **pipeline_kwargs) -> GraphModule:
+    """The stream passes on the inference graph `gm` of a program with no gradient, in place; return `gm`.
+    `upstream=True`: what AOTAutograd 2.13's `aot_dispatch_base_graph` calls (`FORWARD_ONLY_PASSES`). The default:
+    what `use_streamnb_passes` does to an inference graph (chapter 20): first the forward's syncs (`sync_forward`) if
+    the compiler owns a stream of it (`owned_streams`: `annotate` regions, correction 24) or `forward_syncs`, then the
+    same passes with the dealloc pass before the wrap (correction 25). `pipeline_kwargs` go to `run_stream_passes`."""
+    passes = [p for p in PIPELINE_ORDER if p in FORWARD_ONLY_PASSES or (p == "sync_deallocations" and not upstream)]
+    return run_stream_passes(gm, upstream=upstream, fw_metadata=fw_metadata, passes=passes,
+                             forward_syncs=forward_syncs or (owned_streams and not upstream), **pipeline_kwargs)
+
+
+# %% ../nbs/16c_capture.ipynb #d77142d4
+def _process_forward_only(self: Capture, upstream: bool, partitioner: str, registry: StreamRegistry | None,
+                          forward_syncs: bool = False, **pipeline_kwargs) -> Capture:
+    """`Capture.process` of a forward-only capture: `forward_only_passes` on a copy of its forward, which the compiler owns
+    a stream of if an annotated stream is not one of the program's stream objects; then what graph_capture does next."""
+    fw = copy.deepcopy(self.forward)
+    fw_metadata = copy.copy(self.fw_metadata)     # the metadata pass writes mutated_inp_stream_indices
+    with use_registry(registry or StreamRegistry(start=100, current_stream=self.current_stream)):
+        forward_only_passes(fw, upstream=upstream, fw_metadata=fw_metadata, owned_streams=bool(self.owned_streams),
+                            forward_syncs=forward_syncs, **pipeline_kwargs)
+    fw.graph.eliminate_dead_code()
+    if not upstream: add_control_deps_vals(fw)    # as the switch's default does after the wrap (torch 2.13 sets none)
+    fw.recompile()
+    how = dict(upstream=upstream, partitioner=partitioner, **({"forward_syncs": True} if forward_syncs else {}), **pipeline_kwargs)
+    return dataclasses.replace(self, joint=fw, forward=fw, fw_metadata=fw_metadata, partitioner=partitioner,
+                               notes=list(self.notes), processed=how)
+
 
 # %% ../nbs/16c_capture.ipynb #3bb04bb1
 def _primals(self: Capture, inputs) -> list[torch.Tensor]:
@@ -263,11 +338,22 @@ def _execute(executor: Callable, gm: GraphModule, args: list) -> list:
                            "an executor returns a list with one value per graph output (see run_graph)")
     return out
 
+# %% ../nbs/16c_capture.ipynb #a7ad36cc
+def _run_forward_only(self: Capture, inputs, grad_outputs, executor: Callable) -> RunResult:
+    "`Capture.run` of a forward-only capture: the forward alone; no grads (asking for them is a `NoGradError`)."
+    if grad_outputs is not None:
+        raise NoGradError("this capture is forward only (the program has no gradient), so run computes no grads: "
+                          "drop grad_outputs, or capture the program with an input that requires grad and grad mode on")
+    outs = _execute(executor, self.forward, _primals(self, inputs))
+    return RunResult(pytree.tree_unflatten(outs, self.out_spec), (None,) * len(inputs), dict.fromkeys(self.param_names))
+
+
 # %% ../nbs/16c_capture.ipynb #c3cc9280
 def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Callable | None = None) -> RunResult:
     """Run forward then backward, each graph by `executor(gm, *args) -> list` (default `run_graph`, on the CPU); outputs,
-    one grad per input (None where none is needed), parameter grads by name."""
+    one grad per input (None where none is needed), parameter grads by name (forward only: every grad None)."""
     executor = run_graph if executor is None else executor
+    if self.inference: return _run_forward_only(self, inputs, grad_outputs, executor)
     primals = _primals(self, inputs)
     fw_out = _execute(executor, self.forward, primals)
     outs, saved = fw_out[:self.num_fwd_outputs], fw_out[self.num_fwd_outputs:]
@@ -294,7 +380,8 @@ _NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event that cpu_stre
 
 # %% ../nbs/16c_capture.ipynb #2b599620
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
-    "Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with)."
+    """Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with); no grads
+    (all None) where the program has no gradient."""
     inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
     with cpu_streams(eager=True):           # stream objects run on a CPU as one stream (nothing where there is a GPU)
         try: out = fn_or_module(*inputs)
@@ -306,6 +393,9 @@ def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> R
         wrt = [x for x in inputs if x.requires_grad] + [p for p in params.values() if p.requires_grad]
         go = grad_outputs if grad_outputs is not None else [torch.ones_like(o) for o in outs]
         need = [(o, g) for o, g in zip(outs, go) if o.requires_grad]
+        if not need or not wrt:             # no gradient (grad mode off, or nothing requires grad): outputs only
+            return RunResult(pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out),
+                             (None,) * len(inputs), dict.fromkeys(params))
         gs = iter(torch.autograd.grad([o for o, _ in need], wrt, [g for _, g in need], allow_unused=True))
     grads = tuple(next(gs) if x.requires_grad else None for x in inputs)
     pg = {n: (next(gs) if p.requires_grad else None) for n, p in params.items()}
@@ -314,5 +404,6 @@ def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> R
 # %% ../nbs/16c_capture.ipynb #96163a10
 def _eager(self: Capture, *inputs, grad_outputs=None) -> RunResult:
     "Eager PyTorch on the captured function or module (see `eager`)."
-    return eager(self.fn, *inputs, grad_outputs=grad_outputs)
+    if not self.inference: return eager(self.fn, *inputs, grad_outputs=grad_outputs)
+    with torch.no_grad(): return eager(self.fn, *inputs)   # forward only: as captured, with no gradient
 Capture.eager = _eager

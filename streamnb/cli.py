@@ -31,8 +31,9 @@ __all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignmen
 
 # %% ../nbs/23_cli.ipynb #ea7301c7
 def write_explanation(ex, out: Path) -> list[Path]:
-    "Write the graphs, plots, trace, reports and summary of an `Explanation` into `out`; return the files."
+    "Write the graphs, plots, trace, reports and summary of an `Explanation` into `out`; return the files (forward only: see below)."
     out.mkdir(parents=True, exist_ok=True)
+    if ex.capture.inference: return _write_forward_only(ex, out)
     files = {"backward_before.py": ex.capture.backward.code, "forward_before.py": ex.capture.forward.code}
     for m, r in ex.modes.items():
         files[f"backward_{m}.py"], files[f"forward_{m}.py"] = r.backward.code, r.forward.code
@@ -49,6 +50,25 @@ def write_explanation(ex, out: Path) -> list[Path]:
     write_chrome_trace(out / "trace.json", ex.before, *(r.timeline for r in ex.modes.values()),
                        ex.modes["default"].forward_timeline)
     return sorted(out / n for n in [*files, *(name for name, _ in pictures), "trace.json"])
+
+# %% ../nbs/23_cli.ipynb #1cda686d
+def _write_forward_only(ex, out: Path) -> list[Path]:
+    """`write_explanation` of a program with no gradient: the forward before and after each mode, its sanitizer reports
+    (program order, under reordering), the summary (which says the backward passes do not apply), pictures, trace."""
+    files = {"forward_before.py": ex.capture.forward.code,
+             "sanitizer_as_written.txt": f"forward, as written (what eager runs):\n{ex.written}\n",
+             "summary.txt": ex.summary_text() + "\n"}
+    for m, r in ex.modes.items():
+        files[f"forward_{m}.py"] = r.forward.code
+        files[f"sanitizer_{m}.txt"] = (f"forward only (no backward: the backward passes do not apply), program order:\n"
+                                      f"{r.forward_report}\n\nforward, under reordering along data edges:\n{r.reorder_report}\n")
+    for name, text in files.items(): (out / name).write_text(text, encoding="utf-8")
+    pictures = (("timeline.png", ex.plot_timelines()), ("memory.png", ex.plot_memory()))
+    for name, fig in pictures:
+        fig.savefig(out / name, dpi=110); plt.close(fig)
+    write_chrome_trace(out / "trace.json", ex.before, *(r.timeline for r in ex.modes.values()))
+    return sorted(out / n for n in [*files, *(name for name, _ in pictures), "trace.json"])
+
 
 # %% ../nbs/23_cli.ipynb #7a115ca5
 class FactoryError(StreamnbError):
@@ -113,8 +133,20 @@ def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
 
 def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100",
                  frontend: str = "auto") -> tuple[list, dict]:
-    "Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21): the rows and the timelines."
-    return judge({name: capture(model, *inputs, frontend=frontend).backward}, side_streams=side_streams, device=device)
+    """Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21; a program with no gradient:
+    of its forward): the rows and the timelines."""
+    cap = capture(model, *inputs, frontend=frontend)
+    return judge({name: cap.forward if cap.inference else cap.backward}, side_streams=side_streams, device=device)
+
+# %% ../nbs/23_cli.ipynb #f773dfac
+def _judging_args(e: argparse.ArgumentParser, a: argparse.ArgumentParser) -> None:
+    "The options of `explain` (`e`) and `assign` (`a`) that say how the program is judged."
+    e.add_argument("--forward-syncs", action="store_true", help="the default mode also inserts the forward's syncs "
+                   "(beyond PyTorch, whose passes sync the backward only; the forward's are otherwise the program's job)")
+    for q in (e, a):
+        q.add_argument("--no-grad", action="store_true", help="capture the model under torch.no_grad(), as inference "
+                       "runs it: its forward alone, with the passes AOTAutograd runs on an inference graph (the backward "
+                       "passes do not apply). A model with no input requiring grad and no parameter is captured so anyway")
 
 # %% ../nbs/23_cli.ipynb #7ab21f8a
 def parser() -> argparse.ArgumentParser:
@@ -131,7 +163,7 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="explain your own model and write the results to a folder",
                        description="Do what `demo` does for the model and inputs that FACTORY in FILE.py returns: "
                        "factory() must return (model, inputs), the model an nn.Module or function, inputs a tuple of "
-                       "tensors (at least one requires grad, or the model has parameters).")
+                       "tensors; a model with no gradient (or --no-grad) is judged forward only.")
     e.add_argument("target", metavar="FILE.py:FACTORY", help="a Python file and the function in it that builds the model")
     a = sub.add_parser("assign", help="choose the streams of a model's backward four ways and compare them",
                        description="Assign the backward of the transformer-block example (or of the model FACTORY in "
@@ -153,8 +185,7 @@ def parser() -> argparse.ArgumentParser:
                        help="how to trace the model: aot (annotate regions), dynamo (also stream objects: torch.cuda.Stream, "
                        "events, wait_stream, record_stream; on a CPU under streamnb.cpu_streams), auto: aot, then dynamo "
                        "if aot fails or sees no stream (default: %(default)s)")
-    e.add_argument("--forward-syncs", action="store_true", help="the default mode also inserts the forward's syncs "
-                   "(beyond PyTorch, whose passes sync the backward only; the forward's are otherwise the program's job)")
+    _judging_args(e, a)
     return p
 
 # %% ../nbs/23_cli.ipynb #d956a7bc
@@ -177,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[{time.perf_counter() - t0:5.1f}s] {m}", file=sys.stderr, flush=True))
     out = Path(args.out)
-    with _torch_logs_silenced():   # an error is said in one line below, with no log of torch's before it
+    import torch
+    grad = torch.no_grad() if getattr(args, "no_grad", False) else contextlib.nullcontext()   # --no-grad: forward only
+    with _torch_logs_silenced(), grad:   # an error is said in one line below, with no log of torch's before it
         try:
             if out.exists() and not out.is_dir(): raise StreamnbError(f"--out {out}: exists and is not a folder")
             if getattr(args, "side_streams", 0) < 0: raise StreamnbError(f"--side-streams {args.side_streams}: must be >= 0")

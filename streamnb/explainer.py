@@ -33,10 +33,10 @@ __all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'custom_bac
 class ModeResult:
     "What one mode (`upstream` or `default`) made of the model."
     mode: str
-    backward: GraphModule            # the processed backward graph
-    timeline: Timeline               # its simulation
-    report: Report                   # sanitize(backward)
-    reorder_report: Report           # sanitize(backward, reorder=True)
+    backward: GraphModule | None     # the processed backward graph (None: forward only, see below)
+    timeline: Timeline               # its simulation (forward only: the forward's)
+    report: Report                   # sanitize(backward) (forward only: the forward's)
+    reorder_report: Report           # sanitize(backward, reorder=True) (forward only: the forward's)
     capture: Capture | None = None   # the processed capture, None if the partitioner rejected it
     error: str | None = None         # why the partitioner rejected it
     matches_eager: bool | None = None
@@ -46,8 +46,8 @@ class ModeResult:
 
     @property
     def syncs(self) -> int:
-        "The syncs in the processed backward graph: its stream ops but `fork`/`join` (chapter 08's `count_syncs`)."
-        return count_syncs(self.backward)
+        "The syncs in the processed backward graph (forward only: the forward): its stream ops but `fork`/`join` (chapter 08's `count_syncs`)."
+        return count_syncs(self.backward if self.backward is not None else self.forward)
 
 # %% ../nbs/17_explain.ipynb #6bf57384
 def _matches_eager(cap: Capture, inputs) -> bool:
@@ -70,6 +70,7 @@ def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistr
 def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool,
               forward_syncs: bool = False) -> ModeResult:
     mode = "upstream" if upstream else "default"
+    if cap.inference: return _one_mode_forward_only(cap, inputs, upstream, device, registry, check, forward_syncs)
     fs = dict(forward_syncs=True) if forward_syncs and not upstream else {}
     try:
         processed, error = cap.process(upstream=upstream, registry=registry, device=device, **fs), None
@@ -85,6 +86,23 @@ def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: Strea
                       reorder_report=sanitize(backward, reorder=True, registry=registry),
                       capture=processed, error=error,
                       matches_eager=_matches_eager(processed, inputs) if (check and processed is not None) else None)
+
+# %% ../nbs/17_explain.ipynb #70b56911
+def _one_mode_forward_only(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool,
+                           forward_syncs: bool = False) -> ModeResult:
+    """One mode on a forward-only capture: `Capture.process` runs what that mode runs on an inference graph; the forward
+    is simulated and sanitized (in program order and under reordering), and stands where the backward would."""
+    mode = "upstream" if upstream else "default"
+    fs = dict(forward_syncs=True) if forward_syncs and not upstream else {}
+    processed = cap.process(upstream=upstream, registry=registry, device=device, **fs)
+    fw = processed.forward
+    timeline = simulate(fw, device=device, registry=registry, name=f"{mode} forward")
+    report = sanitize(fw, registry=registry)
+    return ModeResult(mode=mode, backward=None, timeline=timeline, report=report,
+                      reorder_report=sanitize(fw, reorder=True, registry=registry), capture=processed, forward=fw,
+                      forward_timeline=timeline, forward_report=report,
+                      matches_eager=_matches_eager(processed, inputs) if check else None)
+
 
 # %% ../nbs/17_explain.ipynb #d0f58318
 def table_lines(rows: list[dict], cols: list[str]) -> list[str]:
@@ -116,6 +134,8 @@ class _ExplanationPart1:
         if self.forward_syncs:   # cannot happen unless a rule is wrong: say so rather than hide it
             return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. "
                            f"The first: {first}", self._entry_note())
+        if self.capture.inference: return _joined(self._forward_only_errors(len(r.forward_report.errors), first),
+                                                   self._entry_note())
         return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) in the default's forward. PyTorch's "
                        f"stream passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs "
                        f"are the program's job (e.g. `torch.cuda.current_stream().wait_stream(side)` before the current "
@@ -132,6 +152,29 @@ class _ExplanationPart1:
     def _inputs(self) -> frozenset:
         "The forward's inputs, by name (derived once)."
         return frozenset(n.name for n in self.capture.forward.graph.find_nodes(op="placeholder"))
+
+# %% ../nbs/17_explain.ipynb #075bc6fb
+class _ExplanationForwardOnly:
+    "What an explanation says of a program with no gradient (a part of `Explanation`)."
+    def forward_only_note(self) -> str | None:
+        "For a forward-only capture (None otherwise): the backward passes do not apply, and what each row ran."
+        if not self.capture.inference: return None
+        syncs = "everywhere (forward_syncs=True)" if self.forward_syncs else "where the compiler owns a stream (annotate regions, correction 24)"
+        return ("forward only: the program has no gradient, so there is no backward graph and the backward passes "
+                "(assign_backward_streams, insert_backward_syncs) do not apply; every column is the forward's (errors, the "
+                "backward's, is -). The upstream row is what AOTAutograd 2.13 runs on an inference graph "
+                "(assign_epilogue_copy_streams, the wrap, the metadata pass: no sync); the default row is what "
+                f"torch.compile runs on it under use_streamnb_passes: the forward's syncs {syncs} and the dealloc pass "
+                "(correction 25)")
+
+    def _forward_only_errors(self, count: int, first: str) -> str:
+        "What the default's forward of a forward-only capture still gets wrong: the syncs of the program's own streams."
+        return (f"forward: {count} sanitizer error(s) in the default's forward: the default inserts the forward's syncs "
+                "for the streams the compiler owns (annotate regions) and leaves the program's own streams (stream "
+                "objects) as written, as eager PyTorch runs them and torch.compile keeps them: fix the program (e.g. "
+                "`torch.cuda.current_stream().wait_stream(side)` before the current stream uses what `side` made), or "
+                f"let `explain(..., forward_syncs=True)` (CLI: --forward-syncs) insert them. The first: {first}")
+
 
 # %% ../nbs/17_explain.ipynb #17b419d1
 class _ExplanationPart2:
@@ -157,6 +200,8 @@ class _ExplanationPart2:
         if not only: return None
         count, first = _summed(only)
         why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
+               f"its {'forward syncs for `annotate` regions (correction 24) and its ' if self.capture.owned_streams else ''}"
+               "`sync_dealloc`s (correction 25) order them there" if self.capture.inference else
                "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
                "reads, and waits for that stream)")
         eager = "Eager PyTorch runs the program as written (its stream objects), and " if self.capture.frontend == "dynamo" else ""
@@ -194,7 +239,7 @@ class _ExplanationPart3:
         if self.seed_failure is not None:
             notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
                             "streamnb's default rules process it (the README's corrections table says which rule differs)")
-        notes += [line for n in [self.forward_note(), self.backward_note()] if n for line in n.split("\n")]
+        notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note()] if n for line in n.split("\n")]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
@@ -210,9 +255,10 @@ class _ExplanationPart4:
     def plot_timelines(self):
         """The backward's estimated timeline before the passes, after the seed's, after streamnb's. When both modes give
         the same schedule, one panel shows it, and its title says where they differ (sanitizer errors, peak memory)."""
+        what = "forward only, " if self.capture.inference else ""   # (no backward: the forward's timelines)
         if not self.same_schedule():
             return plot_timeline(self.before, *(r.timeline for r in self.modes.values()),
-                                 titles=["before the passes"] + [f"{m} passes" for m in self.modes])
+                                 titles=[f"{what}before the passes"] + [f"{what}{m} passes" for m in self.modes])
         up, de = self.modes["upstream"], self.modes["default"]
         n = lambda r, rep: len(getattr(r, rep).errors)
         diff = [f"{where} ({n(up, rep)} vs {n(de, rep)} sanitizer errors)" for rep, where in
@@ -220,7 +266,7 @@ class _ExplanationPart4:
         diff += ["in held memory"] if up.timeline.memory != de.timeline.memory else []
         why = f"; they differ only\n{', and '.join(diff)}" if diff else ""   # (a second line: the figure keeps its width)
         return plot_timeline(self.before, de.timeline,
-                             titles=["before the passes", f"upstream and default passes: the same schedule{why}"])
+                             titles=[f"{what}before the passes", f"{what}upstream and default passes: the same schedule{why}"])
 
     def plot_forward(self):
         "The forward's estimated timeline after streamnb's passes (the overlap of prefetch and inference is here)."
@@ -232,7 +278,7 @@ class _ExplanationPart4:
 
 # %% ../nbs/17_explain.ipynb #cbe1e9d4
 @dataclass
-class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4):
+class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4, _ExplanationForwardOnly):
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
     capture: Capture
     before: Timeline
@@ -248,19 +294,22 @@ class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _Expl
     def summary(self) -> list[dict]:
         """One row per mode: the backward's makespan, peak memory, syncs inserted and sanitizer errors; the forward's
         sanitizer errors (`fw_errors`); partition; matches eager. Before the passes: the forward as the program wrote
-        it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none)."""
+        it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none). Forward only (no
+        backward): makespan, peak memory, syncs and `reorder_errors` are the forward's, `errors` None."""
         rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.backward), reorder_errors=None,
+                     syncs=count_syncs(self.capture.forward if self.capture.inference else self.capture.backward),
+                     reorder_errors=None,
                      errors=None if self.written_backward is None else len(self.written_backward.errors),
                      fw_errors=None if self.written is None else len(self.written.errors),
-                     partitions=True, matches_eager=None)]
+                     partitions=None if self.capture.inference else True, matches_eager=None)]
         if self.seed_failure is not None:
             rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
                              fw_errors=None, partitions=None, matches_eager=None))
         for r in self.modes.values():
             rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
-                             syncs=r.syncs, errors=len(r.report.errors), reorder_errors=len(r.reorder_report.errors),
-                             fw_errors=len(r.forward_report.errors), partitions=r.error is None,
+                             syncs=r.syncs, errors=None if r.backward is None else len(r.report.errors),
+                             reorder_errors=len(r.reorder_report.errors),
+                             fw_errors=len(r.forward_report.errors), partitions=None if r.backward is None else r.error is None,
                              matches_eager=r.matches_eager))
         return rows
 
@@ -312,6 +361,7 @@ def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = N
     stream of the call's that the forward also uses, if the call runs on more than one. A call that does not say which
     (all of it inside `with` blocks, where the forward uses side streams) is not judged."""
     calls: dict = {}
+    if cap.inference: return None, []   # forward only: no backward
     for n in cap.backward.graph.nodes:
         if n.name in cap.custom_backward: calls.setdefault(_call_of(n), []).append(n)
     if not calls: return None, []
@@ -340,10 +390,10 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
         progress.append(msg); say(msg)
     with warnings.catch_warnings():   # torch 2.13 warns about its own TreeSpec whenever a graph is deep-copied
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-        step(f"capturing forward and backward with AOTAutograd (frontend {frontend!r})")
+        step(f"capturing forward and backward with AOTAutograd (frontend {frontend!r})")   # (or the forward alone)
         cap = capture(fn_or_module, *example_inputs, frontend=frontend)
         registry = StreamRegistry(start=100, current_stream=cap.current_stream)
-        before = simulate(cap.backward, device=device, registry=registry, name="before")
+        before = simulate(cap.forward if cap.inference else cap.backward, device=device, registry=registry, name="before")
         modes, seed_failure = {}, None
         for upstream in (True, False):
             step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
@@ -364,7 +414,7 @@ def show_explanation(ex: Explanation) -> None:
     "Print the summary and the sanitizer reports; draw the timelines and the memory curves."
     print(ex.summary_text())
     for r in ex.modes.values():
-        print(f"\n--- sanitizer, {r.mode} passes ---\n{r.report}")
+        print(f"\n--- sanitizer, {r.mode} passes{' (the forward: no backward)' if r.backward is None else ''} ---\n{r.report}")
         if r.reorder_report.errors: print(f"--- with reorder=True ---\n{r.reorder_report}")
     if ex.written is not None and ex.written.errors: print(f"\n--- sanitizer, the forward as written ---\n{ex.written}")
     if ex.written_backward is not None and ex.written_backward.errors:

@@ -34,7 +34,7 @@ class TraceError(CaptureError):
     "AOTAutograd could not trace the function or module."
 
 class NoGradError(CaptureError):
-    "Nothing requires grad, so there is no backward graph to capture."
+    "Grads were asked of a program with no gradient (a forward-only capture, `Capture.inference`): it has no backward graph."
 
 class PartitionError(CaptureError):
     "AOTAutograd's partitioner rejected the processed joint graph."
@@ -129,24 +129,47 @@ def _dynamo_backend(flat_args: list[torch.Tensor], got: dict, partition_fn: Call
             raise CaptureError(f"the program reads a tensor that is neither an input nor a parameter or buffer (shape "
                                f"{tuple(x.shape)}, requires_grad={x.requires_grad}: a global or a closure's): pass it as an "
                                "input, or make the program an nn.Module that holds it")
-        got["order"], got["dynamo_notes"] = order, dynamo_notes(gm)
+        got["order"], got["dynamo_notes"], got["program_streams"] = order, dynamo_notes(gm), _program_streams()
         on_cpu = lambda g, _: make_boxed_func(lambda *args: run_graph(g, *args))   # stream ops: no-ops
         return aot_autograd(fw_compiler=on_cpu, bw_compiler=lambda g, _: g, partition_fn=partition_fn)(gm, example_inputs)
     return backend
 
+# %% ../nbs/16a_tracing.ipynb #1e50aded
+def _keep_inference(got: dict, name: str, gm: GraphModule, frontend: str) -> None:
+    """What `_trace_joint`'s stand-in for torch's stream pass `name` keeps of an inference graph. On a program with no
+    gradient AOTAutograd (`aot_dispatch_base_graph`) calls only `assign_epilogue_copy_streams`, the wrap and the metadata
+    pass, on the forward graph: keep that graph as the first of them is handed it (`got["inference"]`), and with
+    frontend "aot" stop once the metadata is read (nothing is compiled or run). A training graph's passes start with
+    `assign_backward_streams`, and its joint graph is kept by the partition_fn."""
+    if name == "assign_backward_streams": got["joint_passes"] = True
+    if "joint_passes" in got: return
+    if name == "assign_epilogue_copy_streams": got["inference"] = copy.deepcopy(gm)
+    if name == "populate_fw_metadata_with_stream_indices" and frontend == "aot": raise _Captured
+
+def _program_streams() -> set[int]:
+    """The indices of the stream objects in dynamo's table while it traces: the program's own streams (and dynamo's
+    current stream), not the indices of `annotate` regions, which the compiler owns."""
+    from torch._dynamo.graph_bytecode_inputs import index_to_external_object_weakref as table
+    return {i for i, ref in table.items() if isinstance(ref(), torch.Stream)}
+
+
 # %% ../nbs/16a_tracing.ipynb #f3adff69
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
     """Trace `flat_fn` with AOTAutograd (frontend "aot": `aot_function`; "dynamo": `torch.compile` under `cpu_streams`,
-    which also reads stream objects); the joint graph as it is before any stream pass, and what came with it."""
+    which also reads stream objects); the joint graph as it is before any stream pass, and what came with it. A program
+    with no gradient (nothing requires grad, or grad mode is off) has no joint graph: its inference graph instead
+    (`got["inference"]`, see `_keep_inference`)."""
     import torch._functorch._aot_autograd.graph_capture as GC
     from functorch.compile import aot_function
     from torch._functorch.partitioners import default_partition
     got: dict = {"order": list(range(len(flat_args)))}
+    inference = not torch.is_grad_enabled() or not any(t.requires_grad for t in flat_args)
     def skip(name):
         def no_pass(gm, *args, **kwargs):
             # torch's own passes must not run: they would call get_current_stream (no accelerator here) and we
             # want the graph they would have been given. We keep what the metadata pass would have read.
             if name == "populate_fw_metadata_with_stream_indices": got["fw_metadata"] = args[0]
+            _keep_inference(got, name, gm, frontend)
         return no_pass
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
         got.update(joint=copy.deepcopy(joint), joint_inputs=joint_inputs, num_fwd_outputs=num_fwd_outputs)
@@ -154,7 +177,8 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     never = lambda gm, _: gm
     backend = _dynamo_backend(flat_args, got, partition_fn)
-    with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}), _dynamo_tables_kept():
+    kept = torch.fx.traceback.preserve_node_meta() if inference and frontend == "aot" else contextlib.nullcontext()
+    with mock.patch.multiple(GC, **{n: skip(n) for n in STREAM_PASSES}), _dynamo_tables_kept(), kept:
         try:
             if frontend == "aot":
                 aot_function(flat_fn, fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(*flat_args)
@@ -162,7 +186,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
                 torch._dynamo.reset()
                 with cpu_streams(): torch.compile(flat_fn, backend=backend, fullgraph=True)(*flat_args)
         except Exception as e:
-            if "joint" not in got or frontend == "dynamo": raise
+            if not ("joint" in got or "inference" in got) or frontend == "dynamo": raise
             if _cause(e, _Captured) is None: raise
         finally:
             if frontend == "dynamo": torch._dynamo.reset()

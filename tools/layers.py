@@ -30,9 +30,9 @@ LAYERS = [
      "the seed's passes, each with its `Seed…`/`Corrected…` policy; `pipeline.STREAM_PASSES`, the one pass table; "
      "the pass chapters' exercises"),
     ("real programs", ["cpustreams", "tracing", "partitioning", "capturing", "explainer", "cuda", "cuda_demos",
-                       "compiling", "patterns"],
+                       "compiling", "patterns", "inference"],
      "stand-ins for stream objects on a CPU, the trace, the partitioners, `capture`; `explain`; the CUDA executor and "
-     "its demos; the `torch.compile` switch; seven real multi-stream patterns"),
+     "its demos; the `torch.compile` switch; seven real multi-stream patterns; four inference programs"),
     ("assignment", ["strategies", "minsync", "choosing"], "stream assignment, the fewest syncs, `assign_streams`"),
     ("on top", ["calibration", "cli"], "the simulator against published measurements (it captures and assigns real "
      "models); the command"),
