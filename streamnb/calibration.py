@@ -114,6 +114,7 @@ def sep_branch(cin: int, cout: int, k: int, stride: int = 1) -> nn.Sequential:
     "NASNet's separable branch: two ReLU-separable convolutions, the first with the stride."
     return nn.Sequential(relu_sep(cin, cin, k, stride), relu_sep(cin, cout, k))
 
+# %% ../nbs/22_calibration.ipynb #9e48fea1
 class NasCell(nn.Module):
     """A NASNet-A cell on (x, x_prev) with `c` channels per branch (Zoph et al. 2018, as IOS's `normal_cell`,
     `first_cell`, `reduction_cell`): "first" brings x_prev to x's size with two strided 1×1 convolutions, concatenated."""
@@ -143,6 +144,7 @@ class NasCell(nn.Module):
         parts = [c0, o[2](xl) + o[3](xl), o[4](xr) + xl, o[5](xl) + o[6](xl), o[7](xr) + xr]
         return torch.cat([xl, *parts] if self.kind == "first" else parts, 1)
 
+# %% ../nbs/22_calibration.ipynb #abadad8a
 class NASNetLarge(nn.Module):
     "NASNet-A 6 @ 4032 as IOS builds it, for 331×331 images: two reduction-like stem cells, then 3 × (first + 5 normal cells) split by reductions."
     def __init__(self, f: int = 168, stem: int = 96, n: int = 6):

@@ -199,6 +199,7 @@ def _nbytes(node: Node, out: Any, inputs: list) -> int:
 
 _MEMO: dict | None = None   # inside `kernel_times_memo()`: (node, spec, efficiency, tf32) -> kernel_times' result
 
+# %% ../nbs/03_cost.ipynb #a7cd3024
 @contextlib.contextmanager
 def kernel_times_memo():
     """Inside the block `kernel_times` computes each node's times once per device, efficiency and `tf32` (for a caller
@@ -210,6 +211,7 @@ def kernel_times_memo():
     try: yield
     finally: _MEMO = outer
 
+# %% ../nbs/03_cost.ipynb #b6ebe44c
 def kernel_times(node: Node, spec: DeviceSpec, efficiency: float | None = None, tf32: bool = False) -> tuple[float, float]:
     """`node`'s compute and memory times in ms with the whole device: FLOPs at `efficiency` (default the device's
     `compute_efficiency`) × the dense peak of its output dtype, bytes at the datasheet bandwidth. `tf32`, or
@@ -220,6 +222,7 @@ def kernel_times(node: Node, spec: DeviceSpec, efficiency: float | None = None, 
     if key not in _MEMO: _MEMO[key] = _kernel_times(node, spec, efficiency, tf32)
     return _MEMO[key]
 
+# %% ../nbs/03_cost.ipynb #d00e1873
 def _kernel_times(node: Node, spec: DeviceSpec, efficiency: float, tf32: bool) -> tuple[float, float]:
     if node.op != "call_function":
         raise StreamnbError(f"node {node.name}: only call_function nodes have a cost, not {node.op}")

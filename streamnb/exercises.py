@@ -94,6 +94,7 @@ def compute_nodes(gm: GraphModule) -> list[Node]:
 
 def _tname(t) -> str: return str(t) if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
 
+# %% ../nbs/08_exercises.ipynb #a6302ad8
 def source(a):
     "The value an argument stands for: through the getitems of `control_deps` wrappers, which pass values through."
     while (isinstance(a, Node) and a.target is operator.getitem and is_control_deps(a.args[0])
@@ -105,6 +106,7 @@ def reads(n: Node) -> tuple:
     "What a node reads: its arguments, a value by the name of its `source`, constants as they are."
     return torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: source(a).name if isinstance(a, Node) else a)
 
+# %% ../nbs/08_exercises.ipynb #973c4102
 def _inputs(n: Node) -> str:
     names = []
     torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: names.append(source(a).name) if isinstance(a, Node) else None)
@@ -114,6 +116,7 @@ def _on(s) -> str: return "no stream" if s is None else f"stream {s}"
 
 def _output(gm: GraphModule) -> Node | None: return next(iter(gm.graph.find_nodes(op="output")), None)
 
+# %% ../nbs/08_exercises.ipynb #1270789d
 def work_problems(start: GraphModule, answer: GraphModule) -> list[str]:
     "Each compute node of the start graph against the answer's node of that name: its op, its inputs and its stream."
     check_graph_module(start, 'start'); check_graph_module(answer)
@@ -152,6 +155,7 @@ def _until(op: StreamOp) -> str:
     if op.kind == "synchronize_stream": return f"until everything queued on stream {op.stream} has finished"
     return "until every stream has finished"
 
+# %% ../nbs/08_exercises.ipynb #cb79f8d4
 def _gpu_fix(gm: GraphModule, at: Node) -> str:
     """The cross-stream reads a host sync at `at` orders, and the stream-side syncs that order them instead: per
     producer one record, and one wait per consumer stream, before the first consumer there."""
@@ -170,6 +174,7 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
         " and ".join(f"wait_event(e, {s}) before {c.name}" for s, c in by_stream.items())
         for p, by_stream in waits.items())
 
+# %% ../nbs/08_exercises.ipynb #c3420d56
 def host_cost_makespans(best: GraphModule, answer: GraphModule, cost=None) -> tuple[float, float]:
     "The makespans (µs) of `answer` and `best` with a GPU's host costs (chapter 22's `calibrated('H100')`)."
     check_graph_module(best, "best"); check_graph_module(answer, "answer")
@@ -182,6 +187,7 @@ def _with_host_costs(a: float, b: float) -> str:
             f"the host after a host sync: calibrated('H100'), chapter 22) this answer takes {a:.4g} µs, the worked "
             f"solution {b:.4g} µs.")
 
+# %% ../nbs/08_exercises.ipynb #4fc9a5a6
 def host_problems(best: GraphModule, answer: GraphModule, cost=None,
                   makespans: tuple[float, float] | None = None) -> list[str]:
     """A host sync of `answer` that the worked solution `best` does not have (by kind): the node, what it blocks, the fix,
@@ -239,6 +245,7 @@ def _syncs(gm) -> list[StreamOp]:
 
 def _say(op: StreamOp) -> str: return f"{op.kind} on {', '.join(_on(s) for s in op.streams) or 'the host'}"
 
+# %% ../nbs/08_exercises.ipynb #4e388829
 def sync_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "More syncs than the worked solution: the answer's syncs it has no match for (kind and streams), by node."
     check_graph_module(best, 'best')
@@ -252,6 +259,7 @@ def sync_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     return [f"{_plural(n - nb, 'sync')} more than needed ({n}; the worked solution has {nb}): {which}. Fix: remove the "
             f"syncs an earlier one already covers (one record per producer, one wait per consumer stream)"]
 
+# %% ../nbs/08_exercises.ipynb #3e1c6a20
 def _frees(gm) -> dict:
     "tensor name -> (kernels before its sync_dealloc, the last of them, the sync_dealloc's node name)."
     comp, out, k, last = set(compute_nodes(gm)), {}, 0, None
@@ -261,6 +269,7 @@ def _frees(gm) -> dict:
             out[source(op.tensor).name] = (k, last, n.name)
     return out
 
+# %% ../nbs/08_exercises.ipynb #57c29e0f
 def free_problems(best: GraphModule, answer: GraphModule) -> list[str]:
     "A `sync_dealloc` placed after more kernels than the worked solution's: the memory comes back later than it could."
     check_graph_module(best, 'best')
@@ -271,6 +280,7 @@ def free_problems(best: GraphModule, answer: GraphModule) -> list[str]:
                        f"waits is right after {want[t][1]}. Fix: move(gm, {name!r}, after={want[t][1]!r})")
     return out
 
+# %% ../nbs/08_exercises.ipynb #4ad6a6b2
 def _first_need(gm: GraphModule, at: str, s) -> tuple[str | None, bool]:
     """The first kernel on stream `s` after node `at` (program order) that reads a value made on another stream, and
     whether other kernels of `s` come between (then the wait could move later)."""
@@ -282,6 +292,7 @@ def _first_need(gm: GraphModule, at: str, s) -> tuple[str | None, bool]:
             between = True
     return None, between
 
+# %% ../nbs/08_exercises.ipynb #52a54654
 def _marks(gm: GraphModule, wait: str) -> str | None:
     "The kernel whose end the event that node `wait` waits on marks: the last one on its stream before its latest record."
     comp, last, marked = set(compute_nodes(gm)), {}, {}
@@ -292,6 +303,7 @@ def _marks(gm: GraphModule, wait: str) -> str | None:
             if n.name == wait: return marked.get(op.event)
     return None
 
+# %% ../nbs/08_exercises.ipynb #5799ed10
 def _later(best, answer, cost) -> str:
     "No wait is longer than the worked solution's: name the first kernel that starts later than there."
     tb, ta = simulate(best, cost=cost), simulate(answer, cost=cost)
@@ -301,6 +313,7 @@ def _later(best, answer, cost) -> str:
     return (f": node {k} starts at {ta.spans[k][1] * 1e3:.4g} µs instead of {tb.spans[k][1] * 1e3:.4g} µs. Fix: issue it "
             f"where the worked solution does, with nothing before it that holds back its stream or the host")
 
+# %% ../nbs/08_exercises.ipynb #b9c17f96
 def slow_problems(best: GraphModule, answer: GraphModule, cost=None) -> list[str]:
     "A makespan worse than the worked solution's, the wait that idles a stream longer than there, and where it belongs."
     check_graph_module(best, 'best')
