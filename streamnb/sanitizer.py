@@ -309,7 +309,7 @@ class _SanitizerSteps:
 class _Sanitizer(_SanitizerSteps):
     "One walk over the graph in program order; the state of both models and the report."
     def __init__(self, gm: GraphModule, reorder: bool, registry: StreamRegistry, ops: dict | None = None,
-                 inputs_ready="everywhere"):
+                 inputs_ready="made"):
         self.gm, self.registry = gm, registry
         self.ops = check_stream_ops(gm) if ops is None else ops   # each stream-op node -> what it does, decoded once
         phys: dict = {}   # (the registry does not change during the walk: each index looked up once)
@@ -572,7 +572,7 @@ def _check_args(gm, reorder, registry, current_streams, estimate) -> dict[Node, 
 @paused_gc()   # as the passes and simulate do (chapter 90): a call on a big graph never waits for the collector
 def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry | None = None,
              current_streams: Collection[int] | None = None, estimate: Callable[[Node], float] | None = None,
-             inputs_ready="everywhere") -> Report:
+             inputs_ready="made") -> Report:
     """Happens-before check of `gm`'s streams: data races (CSAN's rules), reuse of freed memory, waits on events never
     recorded; with `reorder=True` also orderings that hold in program order but not along data edges; with `estimate`
     (seconds per node) also `sync_dealloc`s that stall their stream.
@@ -582,10 +582,10 @@ def sanitize(gm: GraphModule, *, reorder: bool = False, registry: StreamRegistry
     `current_streams`, the indices of `unknown_streams` are taken as the current stream, with an `unknown_stream`
     warning that names them and lists the errors the graph would have if they were not.
 
-    Inputs (chapter 02, `input_streams`): by default ready on every stream, as if an entry fence ordered each side
-    stream after the caller (the passes insert none: chapter 11). `inputs_ready="made"` judges the edges: each input was
-    made before the graph on the stream its node is annotated with, else on the caller's current stream, so a side
-    stream that reads it needs a wait; a dict names the exceptions."""
+    Inputs (chapter 02, `input_streams`): each was made before the graph on the stream its node is annotated with,
+    else on the caller's current stream, so a side stream that reads it needs a wait (`inputs_ready="made"`, the
+    default). A caller who knows better says so: a dict names the exceptions, `"everywhere"` assumes an entry fence
+    that ordered every stream after every input."""
     check_graph_module(gm)
     ops = _check_args(gm, reorder, registry, current_streams, estimate)
     reg = registry if registry is not None else get_registry()

@@ -415,7 +415,7 @@ def _walk(st: SimState, gm: GraphModule, ops: dict, phys: Callable, cost_of: Cal
 def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, float] | None = None,
              device: str | DeviceSpec = "H100", registry: StreamRegistry | None = None,
              launch_overhead: float | None = None, name: str | None = None,
-             contention: bool | Mapping | Callable = False, inputs_ready="everywhere") -> Timeline:
+             contention: bool | Mapping | Callable = False, inputs_ready="made") -> Timeline:
     """Simulate `gm` on its streams: the host issues nodes in graph order, kernels take `cost(node)` ms (default: the
     roofline estimate on `device`), only streams and syncs order them. Returns a `Timeline`.
     `device`: a name of the device table (the ideal model) or a `DeviceSpec`, e.g. `calibrated("V100")` (chapter 03):
@@ -423,9 +423,9 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     sync costs the host, its `dispatch_us` (with contention) the device-wide gap between kernel starts.
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04); or a table / function giving each kernel's
-    `Demand` by hand. `inputs_ready`: where the graph's inputs are ready (chapter 02, `input_streams`; default: on
-    every stream); with `"made"`, a read on another stream than the one that made an input, with nothing ordering it, is
-    an `unordered_reads` entry (the input is resident from time 0 either way)."""
+    `Demand` by hand. `inputs_ready`: where the graph's inputs are ready (chapter 02, `input_streams`; default
+    `"made"`: on the stream that made each); a read on another stream, with nothing ordering it, is an
+    `unordered_reads` entry (`"everywhere"`: none are) (the input is resident from time 0 either way)."""
     ops = _check_args(gm, cost, device, registry, launch_overhead, name)
     reg = registry if registry is not None else get_registry()
     spec = get_device_spec(device)

@@ -13,7 +13,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, reserve_indices_in_use, storages,
+from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, physical_stream, reserve_indices_in_use, storages,
                                 written_args)
 from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
@@ -65,6 +65,9 @@ class SeedSyncs:
     def reads(self, consumer: Node, gm: GraphModule) -> bool:
         "Is `consumer` a reader that may need a wait? Every node: a stream op too (`record_stream` has no `val` and fails)."
         return True
+    def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]:
+        "Reads, on another stream, of what was made before the backward (inputs, saved forward values): none are ordered."
+        return {}
 
 # %% ../nbs/11_syncs.ipynb #8484bb8f
 class CorrectedSyncs(SeedSyncs):
@@ -96,6 +99,11 @@ class CorrectedSyncs(SeedSyncs):
                 "from a `meta['val']` it does not have, and fails", "stream ops read no data on the device: they get no "
                 "wait (a `record_stream` only defers a free, which the dealloc pass orders)")
     def reads(self, consumer: Node, gm: GraphModule) -> bool: return decode(consumer, gm) is None
+    @correction(29, "11_syncs", "a side stream that reads what was made before the graph (an incoming gradient or a "
+                "parameter, made on the caller's current stream; a value saved on another stream in the forward) gets no "
+                "wait: PyTorch syncs only between computed nodes, never from a placeholder", "per stream such values were "
+                "made on, one record at the graph's entry, and one wait before each side stream's first such read")
+    def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]: return _entry_reads(gm)
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
 def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
@@ -227,6 +235,37 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
             wait = fastfx.call_function(gm.graph, streams.wait_event.default, (e, current[dev]))
         wait.meta["partitioner_tag"] = "must_be_in_backward"
 
+# %% ../nbs/11_syncs.ipynb #e83369ab
+def _made_before(a: Node) -> bool:
+    "Was `a` made before the backward started: a graph input, or a forward node (a value saved for the backward)?"
+    return a.op == "placeholder" or (a.op == "call_function" and not is_bwd_node(a))
+
+def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, Node]]:
+    """Correction 29: `(stream index it was made on, device)` -> `{reading stream: its first reader}` for the backward's
+    reads, on another stream, of values made before it (`_made_before`), in graph order; stream ops read nothing."""
+    reg, first = get_registry(), {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not is_bwd_node(n) or decode(n, gm) is not None: continue
+        s = physical_stream(get_stream(n), reg)
+        for a in flat_args(n):
+            if not _made_before(a) or _host_value(a) or get_device(a).type == "cpu": continue
+            made = get_stream_or_current_stream(a)
+            if physical_stream(made, reg) != s:
+                first.setdefault((made, get_device(a)), {}).setdefault(s, n)
+    return first
+
+# %% ../nbs/11_syncs.ipynb #1719a09c
+def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, Node]]) -> None:
+    "Correction 29: one `record_event` per stream in `reads` before the backward's first node, one wait before each first reader."
+    if not reads: return
+    entry = next(n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n))
+    for (made, _), readers in reads.items():
+        e = new_event()
+        with gm.graph.inserting_before(entry):
+            record = fastfx.call_function(gm.graph, streams.record_event.default, (e, made))
+        record.meta["partitioner_tag"] = "must_be_in_backward"
+        for reader in readers.values(): insert_wait_event_before_node(gm.graph, reader, e)
+
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
     "The seed's test for a (consumer, producer) edge that may need a sync, before the device check."
@@ -258,6 +297,7 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     ops = check_stream_ops(gm)   # a malformed stream op is refused first; the ops are kept for the indices below
     p = SeedSyncs() if upstream else CorrectedSyncs()
     war = p.write_after_read(gm)   # found before any insertion
+    entry = p.entry_reads(gm)   # so are the reads of what was made before the graph
     edges = _cross_edges(gm, p)
     p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
     outs = p.output_producers(gm)   # returned side-stream values: none for the seed
@@ -272,4 +312,5 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
             for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":
                     _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind)
+    _order_entry(gm, entry)   # a side stream's first read of an input waits for the stream it was made on
     _join_outputs(gm, outs, node_to_wait_event_ind)   # the caller reads the outputs on the current stream
