@@ -246,6 +246,12 @@ def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
     if sync.meta.get("partitioner_tag") not in FWD_TAGS: return deps
     return [d for d in deps if not (d.op == "placeholder" and is_bwd_node(d))]
 
+def _entry_values(wait: Node, deps: list[Node], backward_syncs: set[Node]) -> list[Node]:
+    """The values made before the graph that a correction-29 wait orders (its `meta['entry_reads']`, chapter 11), to
+    thread through it: what reads them later on its stream then depends on the wait (a backward wait: no forward value)."""
+    return [v for v in wait.meta.get("entry_reads", ()) if v not in deps
+            and not (wait in backward_syncs and _is_forward_value(v))]
+
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
 def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
     """The backward syncs: those tagged so, and the untagged ones after the graph's first backward compute node (not an
@@ -512,6 +518,7 @@ class CorrectedWrap(_SyncAnchors):
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
         extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
+        extra += _entry_values(wait, deps + extra, w.backward_syncs)   # an entry wait's inputs (29)
         return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return [*w.graph.find_nodes(op="placeholder"), *deps]  # 12
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:

@@ -337,11 +337,13 @@ def _ready_streams(name: str, v, registry: StreamRegistry) -> tuple | None:
 
 def input_streams(gm: GraphModule, registry: StreamRegistry | None = None, inputs_ready=MADE) -> dict[Node, tuple | None]:
     """Each graph input (placeholder) -> the physical streams it is ready on when the graph starts (None: every stream).
-    `inputs_ready`: `"made"` (the stream its node is annotated with, else the current stream), `"everywhere"`, or a dict
-    of exceptions to `"made"` (see above)."""
+    `inputs_ready`: `"made"` (the stream its node is annotated with, else the current stream; an input whose
+    `meta['ready_on']` is `"everywhere"`, as `GraphBuilder`'s toy graphs mark theirs, every stream), `"everywhere"`, or a
+    dict of exceptions to `"made"` (see above)."""
     check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
-    ins = {n: (physical_stream(get_stream(n), reg),) for n in gm.graph.find_nodes(op="placeholder")}
+    ins = {n: None if n.meta.get("ready_on") == EVERYWHERE else (physical_stream(get_stream(n), reg),)
+           for n in gm.graph.find_nodes(op="placeholder")}   # (an input its graph says is ready everywhere: None)
     if inputs_ready == MADE: return ins
     if inputs_ready == EVERYWHERE: return dict.fromkeys(ins)
     if not isinstance(inputs_ready, dict):

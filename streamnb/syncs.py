@@ -238,11 +238,13 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
 # %% ../nbs/11_syncs.ipynb #e83369ab
 def _made_before(a: Node) -> bool:
     "Was `a` made before the backward started: a graph input, or a forward node (a value saved for the backward)?"
-    return a.op == "placeholder" or (a.op == "call_function" and not is_bwd_node(a))
+    if a.op == "placeholder": return a.meta.get("ready_on") != "everywhere"   # (a toy graph's fenced input: no)
+    return a.op == "call_function" and not is_bwd_node(a)
 
-def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, Node]]:
-    """Correction 29: `(stream index it was made on, device)` -> `{reading stream: its first reader}` for the backward's
-    reads, on another stream, of values made before it (`_made_before`), in graph order; stream ops read nothing."""
+def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, tuple[Node, list[Node]]]]:
+    """Correction 29: `(stream index it was made on, device)` -> `{reading stream: (its first reader, the values it reads
+    there)}` for the backward's reads, on another stream, of values made before it (`_made_before`), in graph order;
+    stream ops read nothing."""
     reg, first = get_registry(), {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or not is_bwd_node(n) or decode(n, gm) is not None: continue
@@ -251,12 +253,14 @@ def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, Node]]:
             if not _made_before(a) or _host_value(a) or get_device(a).type == "cpu": continue
             made = get_stream_or_current_stream(a)
             if physical_stream(made, reg) != s:
-                first.setdefault((made, get_device(a)), {}).setdefault(s, n)
+                reader, values = first.setdefault((made, get_device(a)), {}).setdefault(s, (n, []))
+                if a not in values: values.append(a)
     return first
 
 # %% ../nbs/11_syncs.ipynb #1719a09c
-def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, Node]]) -> None:
-    "Correction 29: one `record_event` per stream in `reads` before the backward's first node, one wait before each first reader."
+def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, tuple[Node, list[Node]]]]) -> None:
+    """Correction 29: one `record_event` per stream in `reads` before the backward's first node, one wait before each first
+    reader; the wait names the values it orders (`meta['entry_reads']`: the wrap pass threads them through it)."""
     if not reads: return
     entry = next(n for n in gm.graph.nodes if n.op == "call_function" and is_bwd_node(n))
     for (made, _), readers in reads.items():
@@ -264,7 +268,8 @@ def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, Node]]) -> None:
         with gm.graph.inserting_before(entry):
             record = fastfx.call_function(gm.graph, streams.record_event.default, (e, made))
         record.meta["partitioner_tag"] = "must_be_in_backward"
-        for reader in readers.values(): insert_wait_event_before_node(gm.graph, reader, e)
+        for reader, values in readers.values():
+            insert_wait_event_before_node(gm.graph, reader, e).meta["entry_reads"] = values
 
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
