@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module, get_stream
 from .graph import PIPELINE_ORDER, StreamnbError, StreamRegistry, canonical, correction, is_bwd_node, use_registry
-from .streamops import decode, indices_in_use, reserve_indices_in_use
+from .streamops import decode, indices_in_use, mark_forward_ready, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass, sync_forward
 from .cpustreams import run_graph
 from .tracing import dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
@@ -36,10 +36,11 @@ import operator
 from .graph import is_control_deps
 
 # %% auto #0
-__all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
-           'DynamoRegistry', 'traced_current_stream', 'renumber_streams', 'register_annotated_streams', 'values_on',
-           'CPUValuesWarning', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
-           'canonical_modulo_inputs', 'CompiledExplanation', 'judging_registry', 'explain_compiled']
+__all__ = ['CALL_SITES', 'TORCH_CALLS', 'CHECKS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event',
+           'dynamo_current_stream', 'DynamoRegistry', 'traced_current_stream', 'renumber_streams',
+           'register_annotated_streams', 'values_on', 'CPUValuesWarning', 'StreamRaceWarning', 'CompiledRaceError',
+           'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend', 'canonical_modulo_inputs',
+           'CompiledExplanation', 'judging_registry', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -230,6 +231,7 @@ class _use_streamnb_passesPart1:
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
         if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
             add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
+        if name == PIPELINE_ORDER[-1]: self._judge(gm, k)   # where the saved values are ready; what races is said
 
 # %% ../nbs/20_compile.ipynb #ccd800ed
 class _use_streamnb_passesPart2:
@@ -252,6 +254,8 @@ class _use_streamnb_passesPart2:
         gc = importlib.import_module(CALL_SITES)
         for n, f in self._saved.pop().items(): setattr(gc, n, f)
         if exc is not None and not self._saved: restore_dynamo_tables(self._tables)
+        if isinstance(inner := _innermost(exc) if exc is not None else None, CompiledRaceError):
+            raise inner from exc                      # the judge's own verdict (check="raise"), not dynamo's wrapper
         if isinstance(exc, Exception) and not isinstance(exc, StreamnbError):   # torch's raw error: say why, if known
             why = next((w for g in self.graphs if (w := diagnose(g, _root(exc)))), None)
             if why is not None: raise CompileFailure(f"{_root(exc).splitlines()[0]}\nstreamnb: {why}") from exc
@@ -267,14 +271,42 @@ class _use_streamnb_passesPart2:
     def __repr__(self):
         return f"use_streamnb_passes(upstream={self.upstream}, mechanism={self.mechanism!r}, graphs={len(self.graphs)})"
 
+# %% ../nbs/20_compile.ipynb #de39d33e
+CHECKS = ("warn", "raise", "off")
+
+class StreamRaceWarning(UserWarning):
+    "A graph processed under `use_streamnb_passes` still races: a sync the program left out, on a stream it owns."
+
+class CompiledRaceError(StreamnbError, RuntimeError):
+    "`use_streamnb_passes(check=\"raise\")`: a processed graph races; the message is the sanitizer's report."
+
+class _use_streamnb_passesJudge:
+    "The switch's judge: each processed graph sanitized as it is compiled (a part of `use_streamnb_passes`)."
+    def _judge(self, gm: GraphModule, k: int) -> None:
+        "Mark where the forward's saved values are ready (chapter 02), then say what still races, as `check` asks."
+        with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]):
+            if any(is_bwd_node(n) for n in gm.graph.nodes): mark_forward_ready(gm)
+            if self.check == "off" or (self.cpu_as is None and _syncable_cpu_values(gm)): return   # (a CPU: one stream)
+            with use_registry(judging_registry(self.registries[k], [gm])): report = sanitize(gm)
+        if report.ok: return
+        first = report.errors[0]
+        head = (f"use_streamnb_passes: the graph compiled has {len(report.errors)} stream error(s) that the "
+                f"{'seed' if self.upstream else 'default'} passes leave (node {first.nodes[0]})")
+        if self.check == "raise": raise CompiledRaceError(f"{head}:\n{report}")
+        warnings.warn(StreamRaceWarning(f"{head}; the first:\n{first.message}\n(check='raise' fails the compile; "
+                                        "streamnb.explain_compiled says more)"), stacklevel=2)
+
 # %% ../nbs/20_compile.ipynb #c4c3bb03
-class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, contextlib.ContextDecorator):
+class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, _use_streamnb_passesJudge,
+                          contextlib.ContextDecorator):
     """Inside the block (or the decorated function) `torch.compile`, `aot_function` and `aot_module` run streamnb's stream
     passes (`upstream=True`: the seed's, torch 2.13's `streams.py` without its `wait_stream` handling) at AOTAutograd's
-    call sites, with dynamo's indices."""
+    call sites, with dynamo's indices. `check`: what the sanitizer finds in each processed graph is a
+    `StreamRaceWarning` (`"warn"`), a `CompiledRaceError` that fails the compile (`"raise"`, for CI), or unsaid (`"off"`)."""
     def __init__(self, upstream: bool = False, *, mechanism: str = "sync_dealloc", device="H100",
-                 cpu_as: str | None = None):
-        self.upstream, self.mechanism, self.device, self.cpu_as = upstream, mechanism, device, cpu_as
+                 cpu_as: str | None = None, check: str = "warn"):
+        if check not in CHECKS: raise ValueError(f"check: expected one of {', '.join(map(repr, CHECKS))}, got {check!r}")
+        self.upstream, self.mechanism, self.device, self.cpu_as, self.check = upstream, mechanism, device, cpu_as, check
         self.graphs: list[GraphModule] = []           # the graphs processed, in order (AOTAutograd's objects)
         self.registries: list[DynamoRegistry] = []    # the registry each one drew its indices from
         self.renumbered: list[dict[int, int]] = []    # each one's annotated regions renumbered: old -> dynamo's stream
@@ -304,9 +336,14 @@ class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, 
 class CompileFailure(StreamnbError, RuntimeError):
     "`torch.compile` failed under `use_streamnb_passes`; the message says why, from the graphs the passes processed."
 
-def _root(e: BaseException) -> str:
-    "The innermost error under `e` (dynamo's `BackendCompilerFailed` keeps it in `inner_exception`), as `Type: message`."
+def _innermost(e: BaseException) -> BaseException:
+    "The innermost error under `e` (dynamo's `BackendCompilerFailed` keeps it in `inner_exception`)."
     while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None: e = inner
+    return e
+
+def _root(e: BaseException) -> str:
+    "`_innermost(e)` as `Type: message`."
+    e = _innermost(e)
     return f"{type(e).__name__}: {str(e).strip()}"
 
 def _causes(gm: GraphModule) -> list[tuple[Node, str]]:

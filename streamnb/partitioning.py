@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from .graph import check_graph_module, is_bwd_node, is_control_deps
-from .streamops import decode
+from .streamops import decode, mark_forward_ready
 from .tracing import CaptureError, PartitionError
 
 # %% auto #0
@@ -67,7 +67,8 @@ def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitione
         # on failure the min-cut partitioner writes min_cut_failed_graph*.txt into the working directory: not ours to litter
         with tempfile.TemporaryDirectory() as tmp, \
                 mock.patch.object(P, "_get_unique_path", lambda base, ext: os.path.join(tmp, base + ext)):
-            return fns[partitioner](copy.deepcopy(joint), joint_inputs, num_fwd_outputs=num_fwd_outputs,
+            marked = mark_forward_ready(copy.deepcopy(joint))   # where each saved activation is ready (chapter 02)
+            return fns[partitioner](marked, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                     static_lifetime_input_indices=[])
     except Exception as e:
         why = f"; cause: {cause}" if (cause := partition_cause(joint)) else ""

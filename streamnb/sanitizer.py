@@ -222,10 +222,12 @@ def _race_msg(t: Block, acc: Access, prev: Access) -> str:
             f"{acc.node.name} would order them.")
 
 # %% ../nbs/07_sanitizer.ipynb #d59dc07b
-def _input_race_msg(t: Block, acc: Access, ready: tuple) -> str:
+def _input_race_msg(t: Block, acc: Access, ready: tuple, current: int) -> str:
     where = " and ".join(map(_sname, ready))
-    fix = ("`s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` block" if len(ready) == 1
-           else f"a wait for {where}")
+    fix = (f"a wait for {where}" if len(ready) != 1 else   # (made on the current stream, read on a side stream `s`; or back)
+           "`s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` block" if ready[0] == current
+           else f"`torch.cuda.current_stream().wait_stream(s)` (`s`: {where}) before the read" if acc.stream == current
+           else f"a wait for {where} before the read")
     return (f"streamnb detected a possible data race on graph input {t.name}, made before the graph on {where}\n"
             f"Access by {_sname(acc.stream)} during kernel:\n{_acc_line(acc)}\n"
             f"Nothing orders {acc.node.name} after the kernel that made {t.name} on {where} before the graph started: it "
@@ -366,7 +368,7 @@ def on_kernel(san: _Sanitizer, n: Node, st: dict | None) -> None:
             if p.node is n or p.stream == s: continue
             what = "a write after a read" if acc.write and not p.write else "a write after a write" if acc.write else "a read after a write"
             if not san.vc.ordered(p, s):
-                msg = _input_race_msg(t, acc, san.ready[p.node]) if p.node.op == "placeholder" else _race_msg(t, acc, p)
+                msg = _input_race_msg(t, acc, san.ready[p.node], san.stream(None)) if p.node.op == "placeholder" else _race_msg(t, acc, p)
                 san.flag("race", t, (n, p.node), (s, p.stream), msg)
             elif san.do is not None and not san.do.ordered(p, s, st):
                 why, pair = _missing_link(san, p, [n], s)

@@ -19,8 +19,8 @@ from .graph import (INT64_MAX, StreamnbError, StreamRegistry, check_graph_module
 # %% auto #0
 __all__ = ['OPS', 'MADE', 'EVERYWHERE', 'OpSpec', 'StreamOp', 'StreamOpError', 'decode', 'check_stream_ops', 'count_syncs',
            'indices_in_use', 'reserve_indices_in_use', 'current_stream_key', 'physical_stream', 'VectorClocks',
-           'input_streams', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages', 'blocks', 'written_args',
-           'owner', 'aliases']
+           'input_streams_of', 'input_streams', 'schema_args', 'alias_source', 'is_view', 'Storage', 'storages',
+           'blocks', 'written_args', 'owner', 'aliases', 'forward_ready', 'mark_forward_ready']
 
 # %% ../nbs/02_streamops.ipynb #a0a00008
 @dataclass(frozen=True)
@@ -335,15 +335,23 @@ def _ready_streams(name: str, v, registry: StreamRegistry) -> tuple | None:
                         f"them or {EVERYWHERE!r}, got {v!r}")
     return tuple(dict.fromkeys(physical_stream(i, registry) for i in vs))
 
+def input_streams_of(n: Node, reg: StreamRegistry) -> tuple | None:
+    """Where placeholder `n` is ready under `"made"` (physical streams, the one that made it first; None: every stream): its
+    `meta['ready_on']` if it has one, else the stream it is annotated with, else the current stream."""
+    r = n.meta.get("ready_on")
+    if r == EVERYWHERE: return None
+    if isinstance(r, tuple): return tuple(dict.fromkeys(physical_stream(i, reg) for i in r))
+    return (physical_stream(get_stream(n), reg),)
+
+# %% ../nbs/02_streamops.ipynb #3ca16e14
 def input_streams(gm: GraphModule, registry: StreamRegistry | None = None, inputs_ready=MADE) -> dict[Node, tuple | None]:
     """Each graph input (placeholder) -> the physical streams it is ready on when the graph starts (None: every stream).
-    `inputs_ready`: `"made"` (the stream its node is annotated with, else the current stream; an input whose
-    `meta['ready_on']` is `"everywhere"`, as `GraphBuilder`'s toy graphs mark theirs, every stream), `"everywhere"`, or a
-    dict of exceptions to `"made"` (see above)."""
+    `inputs_ready`: `"made"` (what the input's `meta['ready_on']` says, if anything: `"everywhere"` as `GraphBuilder`'s toy
+    graphs mark theirs, or the streams a saved activation is ready on, `mark_forward_ready`; else the stream its node is
+    annotated with, else the current stream), `"everywhere"`, or a dict of exceptions to `"made"` (see above)."""
     check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
-    ins = {n: None if n.meta.get("ready_on") == EVERYWHERE else (physical_stream(get_stream(n), reg),)
-           for n in gm.graph.find_nodes(op="placeholder")}   # (an input its graph says is ready everywhere: None)
+    ins = {n: input_streams_of(n, reg) for n in gm.graph.find_nodes(op="placeholder")}
     if inputs_ready == MADE: return ins
     if inputs_ready == EVERYWHERE: return dict.fromkeys(ins)
     if not isinstance(inputs_ready, dict):
@@ -487,3 +495,32 @@ def aliases(mem: dict) -> dict:
     for n, m in mem.items():
         for st in blocks(m): out.setdefault(st, []).append(n)
     return {st: list(dict.fromkeys(ns)) for st, ns in out.items()}
+
+# %% ../nbs/02_streamops.ipynb #de9ed6b2
+def forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> dict[Node, tuple]:
+    """In a joint graph: each forward value -> the physical streams that know it complete when the forward ends: the one
+    that made it, first, then every one that waited for it (events, `wait_stream`, host syncs, in program order): where the
+    backward may read it with no wait of its own. A view, or a getitem (of a tuple, or passed through a sync), is its base's."""
+    reg = registry if registry is not None else get_registry()
+    ph = lambda i: physical_stream(i, reg)
+    vc, made = VectorClocks(), {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.meta.get("partitioner_tag") in ("is_backward", "must_be_in_backward"): continue
+        if (op := decode(n, gm)) is not None: vc.apply(op, ph); continue
+        if (base := _base(n)) is not None and base in made: made[n] = made[base]
+        elif "val" in n.meta and not is_control_deps(n): s = ph(get_stream(n)); made[n] = (s, vc.launch(s))
+    every = {ph(None), *vc.clocks}
+    return {n: (s, *sorted(t for t in every if t != s and vc.known(s, k, t))) for n, (s, k) in made.items()}
+
+def _base(n: Node) -> Node | None:
+    "The node whose value `n` shares: a view's argument, a tuple's getitem's tuple, a value passed through a sync."
+    a = n.args[0] if n.args and isinstance(n.args[0], Node) else None
+    if a is not None and n.target is operator.getitem and is_control_deps(a):
+        i = 1 + n.args[1]   # control_deps(deps, subgraph, *passed): getitem i >= 1 is passed[i - 1]
+        return a.args[i] if i < len(a.args) and isinstance(a.args[i], Node) else None
+    return a if n.target is operator.getitem or is_view(n) else None
+
+def mark_forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> GraphModule:
+    "Write `forward_ready` into each forward value's `meta['ready_on']`: the partitioner copies it to the backward's inputs."
+    for n, ready in forward_ready(gm, registry).items(): n.meta["ready_on"] = ready
+    return gm

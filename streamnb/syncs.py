@@ -13,7 +13,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import (VectorClocks, blocks, check_stream_ops, decode, is_view, physical_stream, reserve_indices_in_use, storages,
+from .streamops import (VectorClocks, blocks, check_stream_ops, decode, forward_ready, input_streams_of, is_view, physical_stream, reserve_indices_in_use, storages,
                                 written_args)
 from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
@@ -236,25 +236,22 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
         wait.meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/11_syncs.ipynb #e83369ab
-def _made_before(a: Node) -> bool:
-    "Was `a` made before the backward started: a graph input, or a forward node (a value saved for the backward)?"
-    if a.op == "placeholder": return a.meta.get("ready_on") != "everywhere"   # (a toy graph's fenced input: no)
-    return a.op == "call_function" and not is_bwd_node(a)
-
 def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, tuple[Node, list[Node]]]]:
     """Correction 29: `(stream index it was made on, device)` -> `{reading stream: (its first reader, the values it reads
-    there)}` for the backward's reads, on another stream, of values made before it (`_made_before`), in graph order;
-    stream ops read nothing."""
-    reg, first = get_registry(), {}
+    there)}` for the backward's reads of values made before it (a graph input, or a forward value saved for it) on a
+    stream they are not ready on (`input_streams`, `forward_ready`, chapter 02), in graph order; stream ops read nothing."""
+    reg, first, fr = get_registry(), {}, forward_ready(gm)
     for n in gm.graph.nodes:
         if n.op != "call_function" or not is_bwd_node(n) or decode(n, gm) is not None: continue
         s = physical_stream(get_stream(n), reg)
         for a in flat_args(n):
-            if not _made_before(a) or _host_value(a) or get_device(a).type == "cpu": continue
-            made = get_stream_or_current_stream(a)
-            if physical_stream(made, reg) != s:
-                reader, values = first.setdefault((made, get_device(a)), {}).setdefault(s, (n, []))
-                if a not in values: values.append(a)
+            if a.op == "placeholder": ready = input_streams_of(a, reg)
+            elif a.op == "call_function" and not is_bwd_node(a): ready = fr.get(a)
+            else: continue
+            if ready is None or s in ready or _host_value(a) or get_device(a).type == "cpu": continue
+            made = get_current_stream(get_device(a)) if reg.is_current_stream(ready[0]) else ready[0]
+            reader, values = first.setdefault((made, get_device(a)), {}).setdefault(s, (n, []))
+            if a not in values: values.append(a)
     return first
 
 # %% ../nbs/11_syncs.ipynb #1719a09c
