@@ -38,9 +38,9 @@ from .graph import is_control_deps
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'CHECKS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event',
            'dynamo_current_stream', 'DynamoRegistry', 'traced_current_stream', 'renumber_streams',
-           'register_annotated_streams', 'values_on', 'CPUValuesWarning', 'StreamRaceWarning', 'CompiledRaceError',
-           'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend', 'canonical_modulo_inputs',
-           'CompiledExplanation', 'judging_registry', 'explain_compiled']
+           'register_annotated_streams', 'values_on', 'CPUValuesWarning', 'judging_registry', 'StreamRaceWarning',
+           'CompiledRaceError', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
+           'canonical_modulo_inputs', 'CompiledExplanation', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -271,6 +271,23 @@ class _use_streamnb_passesPart2:
     def __repr__(self):
         return f"use_streamnb_passes(upstream={self.upstream}, mechanism={self.mechanism!r}, graphs={len(self.graphs)})"
 
+# %% ../nbs/20_compile.ipynb #0e45a299
+def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) -> StreamRegistry:
+    """The registry to judge `gms` with: `registry` if it knows the current stream (pinned by the passes, or dynamo's
+    ambient stream); else one whose current stream is a fresh index that no graph names and dynamo did not register.
+    Never a stream of the program: without an ambient stream dynamo numbers the program's own streams from 0, and an
+    unpinned registry would take index 0 as the current stream, merging a side stream into it (an inference graph's
+    `annotate` region, whose passes ask for no current stream)."""
+    if registry is not None and (registry.pinned_current is not None or registry.current_streams): return registry
+    used = set().union(*(indices_in_use(g) for g in gms))
+    if ambient := sorted(i for i in used if _registered_as_current(i)):   # dynamo's own current stream, still in its table
+        reg = StreamRegistry(start=100, current_stream=ambient[0])
+        reg.current_streams.update(dict.fromkeys(ambient))
+        return reg
+    fresh = max(used, default=-1) + 1
+    while _registered_stream(fresh): fresh += 1
+    return StreamRegistry(start=max(100, fresh + 1), current_stream=fresh)
+
 # %% ../nbs/20_compile.ipynb #de39d33e
 CHECKS = ("warn", "raise", "off")
 
@@ -456,23 +473,6 @@ class CompiledExplanation:
         print(self.summary_text())
         for k, r in self.reports.items(): print(f"\n--- sanitizer, {k} ---\n{r}")
         self.plot_timelines()
-
-# %% ../nbs/20_compile.ipynb #0e45a299
-def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) -> StreamRegistry:
-    """The registry to judge `gms` with: `registry` if it knows the current stream (pinned by the passes, or dynamo's
-    ambient stream); else one whose current stream is a fresh index that no graph names and dynamo did not register.
-    Never a stream of the program: without an ambient stream dynamo numbers the program's own streams from 0, and an
-    unpinned registry would take index 0 as the current stream, merging a side stream into it (an inference graph's
-    `annotate` region, whose passes ask for no current stream)."""
-    if registry is not None and (registry.pinned_current is not None or registry.current_streams): return registry
-    used = set().union(*(indices_in_use(g) for g in gms))
-    if ambient := sorted(i for i in used if _registered_as_current(i)):   # dynamo's own current stream, still in its table
-        reg = StreamRegistry(start=100, current_stream=ambient[0])
-        reg.current_streams.update(dict.fromkeys(ambient))
-        return reg
-    fresh = max(used, default=-1) + 1
-    while _registered_stream(fresh): fresh += 1
-    return StreamRegistry(start=max(100, fresh + 1), current_stream=fresh)
 
 # %% ../nbs/20_compile.ipynb #1c7d5ba7
 def explain_compiled(graphs: dict[str, list[GraphModule]], registry: StreamRegistry | None = None,

@@ -17,7 +17,7 @@ __all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
 from .graph import check_graph_module
 from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
-from .streamops import VectorClocks, blocks, decode, physical_stream, storages, written_args
+from .streamops import VectorClocks, blocks, decode, input_streams, physical_stream, storages, written_args
 from .simulator import us
 from .pipeline import run_stream_passes
 from .exercises import Exercise
@@ -48,8 +48,11 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
     already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
     one's, and the wait's consumer is a plain reader (not the output, no memory written in place)."""
     check_graph_module(gm)
-    ph = lambda i: physical_stream(i, registry if registry is not None else get_registry())
+    reg = registry if registry is not None else get_registry()
+    ph = lambda i: physical_stream(i, reg)
     vc, out, recorded_on, direct = VectorClocks(), [], {}, {}   # direct: (waiting, recording stream) -> its last kernel
+    for p, ready in input_streams(gm, reg).items():             # inputs made before the graph (correction 29's waits)
+        if ready is not None: vc.made_before(p.name, ready)
     memory = None                                               # computed once, at the first candidate
     for n in gm.graph.nodes:
         op = decode(n, gm)
