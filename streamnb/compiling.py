@@ -297,6 +297,13 @@ class StreamRaceWarning(UserWarning):
 class CompiledRaceError(StreamnbError, RuntimeError):
     "`use_streamnb_passes(check=\"raise\")`: a processed graph races; the message is the sanitizer's report."
 
+def _as_partitioned(gm: GraphModule, report: Report) -> list:
+    """`report`'s errors as the partitioned graphs have them (`explain_compiled` judges those): a value the forward saves
+    is an input of the backward, which autograd frees after the backward, not at its last use inside the joint graph."""
+    fwd = {n.name for n in gm.graph.nodes if n.op == "call_function" and not is_bwd_node(n)}
+    bwd = {n.name for n in gm.graph.nodes if is_bwd_node(n)}
+    return [e for e in report.errors if not (e.kind == "unsafe_reuse" and e.tensor in fwd and bwd & set(e.nodes))]
+
 class _use_streamnb_passesJudge:
     "The switch's judge: each processed graph sanitized as it is compiled (a part of `use_streamnb_passes`)."
     def _judge(self, gm: GraphModule, k: int) -> None:
@@ -304,10 +311,10 @@ class _use_streamnb_passesJudge:
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]):
             if any(is_bwd_node(n) for n in gm.graph.nodes): mark_forward_ready(gm)
             if self.check == "off" or (self.cpu_as is None and _syncable_cpu_values(gm)): return   # (a CPU: one stream)
-            with use_registry(judging_registry(self.registries[k], [gm])): report = sanitize(gm)
-        if report.ok: return
-        first = report.errors[0]
-        head = (f"use_streamnb_passes: the graph compiled has {len(report.errors)} stream error(s) that the "
+            with use_registry(judging_registry(self.registries[k], [gm])): errors = _as_partitioned(gm, sanitize(gm))
+        if not errors: return
+        first, report = errors[0], Report(errors=errors)
+        head = (f"use_streamnb_passes: the graph compiled has {len(errors)} stream error(s) that the "
                 f"{'seed' if self.upstream else 'default'} passes leave (node {first.nodes[0]})")
         if self.check == "raise": raise CompiledRaceError(f"{head}:\n{report}")
         warnings.warn(StreamRaceWarning(f"{head}; the first:\n{first.message}\n(check='raise' fails the compile; "

@@ -153,7 +153,7 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
                                    values: dict[int | None, list[Node]],
                                    backward_syncs: set[Node] = frozenset()) -> list[Node]:
     """Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait
-    (never a forward value if `wait` is one of the `backward_syncs`: correction 7)."""
+    (never a forward value but an input if `wait` is one of the `backward_syncs`: correction 7)."""
     ordered, extra = set(deps), []
     keys = [recorded_on] + ([None] if get_registry().is_current_stream(recorded_on) else [])
     for key in keys:
@@ -162,7 +162,7 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
         # read across streams stay, so each wait looks at a few values, not at every value of the stream so far.
         values[key] = [v for v in values.get(key, []) if _read_across_later(v, visited)]
         for v in values[key]:
-            if v in ordered or (wait in backward_syncs and _is_forward_value(v)): continue
+            if v in ordered or (wait in backward_syncs and _is_forward_value(v) and v.op != "placeholder"): continue
             if any(u not in visited and _is_consumer(u, waiting) and get_stream(u) != get_stream(v)
                    and not _depends_on_any(u, ordered, visited) for u in v.users):
                 extra.append(v); ordered.add(v)
@@ -246,11 +246,26 @@ def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
     if sync.meta.get("partitioner_tag") not in FWD_TAGS: return deps
     return [d for d in deps if not (d.op == "placeholder" and is_bwd_node(d))]
 
-def _entry_values(wait: Node, deps: list[Node], backward_syncs: set[Node]) -> list[Node]:
+def _entry_values(wait: Node, deps: list[Node], visited: set[Node], waiting: int | None,
+                  backward_syncs: set[Node]) -> list[Node]:
     """The values made before the graph that a correction-29 wait orders (its `meta['entry_reads']`, chapter 11), to
-    thread through it: what reads them later on its stream then depends on the wait (a backward wait: no forward value)."""
-    return [v for v in wait.meta.get("entry_reads", ()) if v not in deps
-            and not (wait in backward_syncs and _is_forward_value(v))]
+    thread through it: what reads them later on its stream then depends on the wait (a backward wait: no forward value
+    but an input). A value an earlier sync passed through is read through its getitem: that is what is threaded."""
+    vs = [v for v in wait.meta.get("entry_reads", ()) if not (wait in backward_syncs and _is_forward_value(v)
+                                                            and v.op != "placeholder")]
+    return [c for v in vs for c in _carriers(v) if c not in deps
+            and any(u not in visited and _is_consumer(u, waiting) for u in c.users)]
+
+def _carriers(v: Node) -> list[Node]:
+    "`v` and the getitems that pass it through syncs (`control_deps(deps, subgraph, *passed)`: getitem i is passed[i-1])."
+    out, todo = [], [v]
+    while todo:
+        c = todo.pop(); out.append(c)
+        for u in c.users:
+            if is_control_deps(u) and c in u.args[2:]:
+                i = u.args.index(c, 2) - 1
+                todo += [g for g in u.users if g.target is operator.getitem and g.args[1] == i]
+    return out
 
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
 def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
@@ -500,6 +515,8 @@ class CorrectedWrap(_SyncAnchors):
         w.values, w.memory = {}, _memory_after_waits(w.gm, self.decoded)   # values per stream; wait -> its accesses (6)
         w.deallocs = _deallocs_by_record(w.graph, self.decoded)      # record_event -> the sync_deallocs waiting for it (9)
         w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph, self.decoded)   # forward syncs' ctrls; (7)
+        for p in w.graph.find_nodes(op="placeholder"):   # inputs made on a stream are values of it too (6, 29)
+            if p.meta.get("ready_on") != "everywhere": w.values.setdefault(get_stream(p), []).append(p)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _frontier(_chained(nodes))  # 8, 21
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
@@ -518,7 +535,7 @@ class CorrectedWrap(_SyncAnchors):
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
         extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
-        extra += _entry_values(wait, deps + extra, w.backward_syncs)   # an entry wait's inputs (29)
+        extra += _entry_values(wait, deps + extra, w.visited, waiting, w.backward_syncs)   # an entry wait's inputs (29)
         return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return [*w.graph.find_nodes(op="placeholder"), *deps]  # 12
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:

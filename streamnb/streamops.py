@@ -501,6 +501,7 @@ def forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> di
     """In a joint graph: each forward value -> the physical streams that know it complete when the forward ends: the one
     that made it, first, then every one that waited for it (events, `wait_stream`, host syncs, in program order): where the
     backward may read it with no wait of its own. A view, or a getitem (of a tuple, or passed through a sync), is its base's."""
+    check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
     ph = lambda i: physical_stream(i, reg)
     vc, made = VectorClocks(), {}
@@ -522,5 +523,5 @@ def _base(n: Node) -> Node | None:
 
 def mark_forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> GraphModule:
     "Write `forward_ready` into each forward value's `meta['ready_on']`: the partitioner copies it to the backward's inputs."
-    for n, ready in forward_ready(gm, registry).items(): n.meta["ready_on"] = ready
+    for n, ready in forward_ready(gm, registry).items(): n.meta["ready_on"] = ready   # (validated there)
     return gm

@@ -1,3 +1,4 @@
+import functools
 """One storage model for the simulator, the sanitizer and the dealloc pass, on graphs traced from `torch.split`,
 `torch.chunk`, `torch.unbind`, views and in-place ops: they simulate (no KeyError), and the sanitizer and the simulator
 agree on unsafe reuse with the aliases spread over two streams."""
@@ -62,7 +63,11 @@ def spread(gm, sync_data=True):
 def test_sanitizer_and_simulator_agree_across_streams(name, upstream):
     gm = spread(traced(name))
     reg = StreamRegistry(start=5, current_stream=2)
-    before = (sanitize(gm, registry=reg), simulate(gm, registry=reg, cost=lambda n: 0.001))
+    # the inputs as if fenced (inputs_ready="everywhere"): mul on stream 0 reads x, made on the caller's stream 2 with
+    # no wait; that edge is tests/test_edges.py's and test_entry_syncs.py's subject, not this file's
+    san = functools.partial(sanitize, registry=reg, inputs_ready="everywhere")
+    sim = functools.partial(simulate, registry=reg, cost=lambda n: 0.001, inputs_ready="everywhere")
+    before = (san(gm), sim(gm))
     # Every output is made on stream 1 and read by the caller on the current stream (2) with nothing joining them: the
     # sanitizer says so (`unjoined_output`); the simulator does not model the caller, so compare the other kinds only.
     outs = [a.name for a in gm.graph.find_nodes(op="output")[0].args[0]]
@@ -72,7 +77,7 @@ def test_sanitizer_and_simulator_agree_across_streams(name, upstream):
     assert [e.kind for e in joint(before[0])] == ["unsafe_reuse"] and [u.tensor for u in before[1].unsafe_frees] == ["mul"]
     with use_registry(reg):
         sync_deallocations(gm, upstream=upstream)
-    rep, tl = sanitize(gm, registry=reg), simulate(gm, registry=reg, cost=lambda n: 0.001)
+    rep, tl = san(gm), sim(gm)
     assert [e.tensor for e in joint(rep) if e.kind == "unsafe_reuse"] == [u.tensor for u in tl.unsafe_frees]
     assert not any(e.kind == "race" for e in rep.errors) and tl.unordered_reads == []
     assert unjoined(rep) == unjoined(before[0])   # the dealloc pass frees; joining the outputs is not its job

@@ -23,7 +23,7 @@ def reg():
 
 def side_reads(program_wait: bool = False):
     "A backward whose side stream 1 reads the tangent and a parameter, and returns what it made."
-    b = GraphBuilder()
+    b = GraphBuilder(inputs_ready="made")
     w = b.input("primals_1", tag="is_forward"); g = b.input("tangents_1")
     if program_wait: b.sync(streams.wait_stream.default, 1, 0)
     m = b.op(aten.mul.Tensor, g, w, stream=1, name="m")
@@ -40,8 +40,8 @@ def test_a_side_stream_reading_an_input_races():
     msg = sanitize(side_reads(), registry=reg(), inputs_ready="made").errors[0].message
     assert "graph input" in msg and "s.wait_stream(torch.cuda.current_stream())" in msg
     assert input_races(side_reads(program_wait=True)) == []   # the program's own wait_stream at entry orders it
-    assert input_races(side_reads(), inputs_ready="everywhere") == []   # the default for now: the entry fence assumed
-    assert [e.kind for e in sanitize(side_reads(), registry=reg()).errors] == ["unjoined_output"]
+    assert input_races(side_reads(), inputs_ready="everywhere") == []   # an entry fence, if the caller says so
+    assert [e.kind for e in sanitize(side_reads(), registry=reg()).errors] == ["race", "race", "unjoined_output"]  # default: "made"
 
 
 def test_inputs_ready_says_otherwise():
@@ -58,7 +58,7 @@ def test_inputs_ready_says_otherwise():
 
 def test_an_annotated_input_is_ready_on_its_stream():
     "A saved activation keeps the forward node's annotation (the partitioner shares its meta): ready on that stream."
-    b = GraphBuilder()
+    b = GraphBuilder(inputs_ready="made")
     a = b.input("relu", stream=1)
     gm = b.output(b.op(aten.neg.default, a, stream=1), b.op(aten.sin.default, a, stream=0, name="s0"))
     assert [e.nodes for e in sanitize(gm, registry=reg(), inputs_ready="made").errors if e.kind == "race"] == [("s0", "relu")]
@@ -67,9 +67,10 @@ def test_an_annotated_input_is_ready_on_its_stream():
 def test_the_simulator_marks_the_unordered_read_of_an_input():
     tl = simulate(side_reads(), registry=reg(), inputs_ready="made")
     assert sorted((r.consumer, r.producer) for r in tl.unordered_reads) == [("m", "primals_1"), ("m", "tangents_1")]
-    assert simulate(side_reads(), registry=reg()).unordered_reads == []   # the default: the entry fence assumed
+    assert simulate(side_reads(), registry=reg()).unordered_reads == tl.unordered_reads   # "made" is the default
+    assert simulate(side_reads(), registry=reg(), inputs_ready="everywhere").unordered_reads == []   # a fence, if said
     assert simulate(side_reads(program_wait=True), registry=reg(), inputs_ready="made").unordered_reads == []
-    assert tl.spans == simulate(side_reads(), registry=reg()).spans       # the rule marks reads, it moves no kernel
+    assert tl.spans == simulate(side_reads(), registry=reg(), inputs_ready="everywhere").spans   # it moves no kernel
 
 
 

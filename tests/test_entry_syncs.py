@@ -64,7 +64,7 @@ def test_forward_syncs_order_the_forward_inputs():
     y = b.op(aten.sin.default, h, stream=0, tag="is_forward")
     gm = b.output(y)
     with use_registry(StreamRegistry(current_stream=0)):
-        assert [e.nodes for e in sanitize(gm).errors] == [("cos", "primals_1")]
+        assert ("cos", "primals_1") in [e.nodes for e in sanitize(gm).errors]
         run_stream_passes(gm, forward_syncs=True)
         assert sanitize(gm).ok and sanitize(gm, reorder=True).ok
 
@@ -74,12 +74,14 @@ def test_saved_activation_joined_in_the_forward_needs_no_wait():
     b = GraphBuilder(inputs_ready="made")
     x = b.input("primals_1", tag="is_forward")
     t = b.input("tangents_1")
+    b.sync(streams.wait_stream.default, 1, 0, tag="is_forward")   # the program's fork ...
     f = b.op(aten.sin.default, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")   # ... and join
     g = b.op(aten.mul.Tensor, t, f, stream=0)
     unjoined = GraphBuilder(inputs_ready="made")
     x2 = unjoined.input("primals_1", tag="is_forward")
     t2 = unjoined.input("tangents_1")
+    unjoined.sync(streams.wait_stream.default, 1, 0, tag="is_forward")
     f2 = unjoined.op(aten.sin.default, x2, stream=1, tag="is_forward")
     g2 = unjoined.op(aten.mul.Tensor, t2, f2, stream=0)
     joined_gm, unjoined_gm = b.output(f, g), unjoined.output(f2, g2)

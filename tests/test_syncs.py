@@ -164,12 +164,19 @@ def test_cpu_device_no_syncs():
 
 
 def test_forward_and_placeholder_producers_are_ignored():
-    b = GraphBuilder()
-    g = b.input("tangents_1", stream=1)
-    f = b.op(aten.neg.default, g, stream=1, tag="is_forward")
-    c = b.op(aten.add.Tensor, f, g, stream=0)
-    gm = run(b.output(c))
-    assert not gm.graph.find_nodes(op="call_function", target=WAIT)
+    "The seed syncs computed backward nodes only; the default orders what was made before the backward (correction 29)."
+    def graph():
+        b = GraphBuilder(inputs_ready="made")
+        g = b.input("tangents_1", stream=1)
+        f = b.op(aten.neg.default, g, stream=1, tag="is_forward")
+        c = b.op(aten.add.Tensor, f, g, stream=0)
+        return b.output(c)
+    assert not run(graph(), upstream=True).graph.find_nodes(op="call_function", target=WAIT)
+    gm = run(graph())
+    (wait,) = gm.graph.find_nodes(op="call_function", target=WAIT)   # one wait for both, made on stream 1
+    assert (wait.args[1], wait.next.name) == (0, "add")
+    record = gm.graph.find_nodes(op="call_function", target=streams.record_event.default)[0]
+    assert record.args == (wait.args[0], 1) and record.next is wait   # at the backward's entry
 
 
 def test_second_run_is_a_noop_with_warning():
