@@ -222,7 +222,7 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
                        n_tangents: int = 2, p_view: float = 0.2, p_inplace: float = 0.12, p_multi: float = 0.1,
                        p_split: float = 0.1, p_user_sync: float = 0.15, p_keyword: float = 0.5,
                        p_unannotated: float = 0.05, p_acc: float = 0.05, p_stay: float = 0.4, p_copy: float = 0.0,
-                       size: int = 4) -> GraphModule:
+                       size: int = 4, p_join: float = 0.0) -> GraphModule:
     """A random backward-like graph with aliasing on many streams, the same for the same arguments.
 
     Besides `random_backward_graph`'s elementwise ops and `mm`: views (`t`, `transpose`, `view`, `slice` then
@@ -232,7 +232,10 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
     pieces read and put back with `cat`/`stack`; user `record_event`/`wait_event`/`synchronize_event` in positional or
     keyword form (`p_keyword`), with few event indices (`ALIAS_EVENTS`) so they are recorded again on other streams.
     `n_streams=None` draws 8..12 (indices 0..n-1; 0 is the current stream). Every value in the pool is `size x size`
-    float32 on the meta device. In-place writes never target a graph input (the epilogue `copy_`s of `p_copy` do)."""
+    float32 on the meta device. In-place writes never target a graph input (the epilogue `copy_`s of `p_copy` do).
+    `p_join` (off by default: the same graphs as before): the chance, after each node, of a user `wait_stream` that
+    makes a random stream wait for the last node's stream (fork/join code: the allocating stream of a value read
+    elsewhere often waits before its next kernel, which orders the reuse of a block freed to it; issue 46, item 5)."""
     rng = random.Random(seed)
     if n_streams is None: n_streams = rng.randint(8, 12)
     N = size
@@ -358,6 +361,9 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
         else: compute()
         made += 1
         if rng.random() < p_user_sync: user_sync()
+        if p_join and rng.random() < p_join:
+            s = stream_of.get(pool[-1]); s = 0 if s is None else s
+            b.sync(streams.wait_stream.default, rng.randrange(n_streams), s)
     if p_copy and rng.random() < p_copy * 10:
         for p in rng.sample(primals, rng.randint(1, len(primals))):
             src = pick(exclude_base=p)
