@@ -373,10 +373,10 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Call
     return RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)])))
 Capture.run = _run
 
-_NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event that cpu_streams() does not stand in for (the "
-                 "device-generic API, made outside the with block or as torch.Stream()/torch.Event()), and a CPU has no "
-                 "events: on a machine without an accelerator write torch.cuda.Stream(), torch.cuda.Event() and "
-                 "torch.cuda.current_stream(), which cpu_streams() replaces, or run it where there is a GPU")
+_NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event made outside cpu_streams()'s stand-ins (a real CPU "
+                 "stream: a CPU has no events): make the module, its streams and events inside `with "
+                 "streamnb.cpu_streams():` (torch.Stream(), torch.Event() and the torch.cuda ones are stand-ins there), "
+                 "or run it where there is a GPU")
 
 # %% ../nbs/16c_capture.ipynb #2b599620
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
