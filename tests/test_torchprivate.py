@@ -12,16 +12,14 @@ from streamnb import torchprivate as tp
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# One process per feature: for each of its names, delete it, import streamnb afresh, read the feature's status, put
-# the name back. A name is deleted as an upgrade would: a module made unimportable (and dropped from its package), an
+# One process: for each feature, each of its names deleted in turn (torchprivate imported afresh, the feature's
+# status read, the name put back), then all of them at once with a fresh `import streamnb`. A name is deleted as an upgrade would: a module made unimportable (and dropped from its package), an
 # attribute deleted from its module or class, an instance attribute dropped after `__init__` (or, where the class is
 # written in C, shadowed by one that raises AttributeError), a closure no longer made.
 SCRIPT = r'''
 import importlib, json, sys
 import torch, torch.fx
-feature = sys.argv[1]
 import streamnb.torchprivate as tp0
-names = list(dict.fromkeys(p.name for p in tp0.PRIVATE if p.feature == feature))
 
 def owner_and_attr(name):
     parts = name.split(".")
@@ -59,40 +57,60 @@ def delete(name):
     old = getattr(owner, attr); delattr(owner, attr)   # (a class's own `__init__`: then it inherits one)
     return lambda: setattr(owner, attr, old)
 
-def fresh_streamnb():
-    for m in [m for m in sys.modules if m == "streamnb" or m.startswith("streamnb.")]: del sys.modules[m]
+def fresh(all_of_streamnb):
+    "Import torchprivate afresh (it probes again), or with `all_of_streamnb` every streamnb module."
+    for m in [m for m in sys.modules if (m == "streamnb" or m.startswith("streamnb.")) and
+              (all_of_streamnb or m == "streamnb.torchprivate")]: del sys.modules[m]
     import streamnb, streamnb.torchprivate as tp, streamnb.pipeline, streamnb.capturing, streamnb.compiling
     return tp
 
+def status(tp, feature):
+    try: tp.need(feature); raised = ""
+    except tp.TorchPrivateError as e: raised = str(e)
+    return {"why": tp.why_off(feature), "raised": raised, "others_on": [f for f in tp.FEATURES if f != feature and tp.on(f)]}
+
 out = {}
-for name in names:
-    put_back = delete(name)
+for feature in tp0.FEATURES:
+    names = list(dict.fromkeys(p.name for p in tp0.PRIVATE if p.feature == feature))
+    out[feature] = {}
+    for name in names:   # one at a time: the probe names it
+        put_back = delete(name)
+        try: out[feature][name] = status(fresh(False), feature)
+        finally: put_back()
+    put_backs = [delete(name) for name in reversed(names)]   # all at once (members before their class): a fresh
+    # `import streamnb` still works
     try:
-        tp = fresh_streamnb()
-        try: tp.need(feature); raised = ""
-        except tp.TorchPrivateError as e: raised = str(e)
-        out[name] = {"imported": True, "why": tp.why_off(feature), "raised": raised,
-                     "others_on": [f for f in tp.FEATURES if f != feature and tp.on(f)]}
+        tp = fresh(True)
+        out[feature]["<all>"] = {"imported": True, "on": tp.on(feature)}
     except Exception as e:
-        out[name] = {"imported": False, "error": f"{type(e).__name__}: {e}"}
+        out[feature]["<all>"] = {"imported": False, "error": f"{type(e).__name__}: {e}"}
     finally:
-        put_back()
-tp = fresh_streamnb()
+        for put_back in reversed(put_backs): put_back()
+tp = fresh(True)
 out["<restored>"] = {f: tp.on(f) for f in tp.FEATURES}
 print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("feature", list(tp.FEATURES))
-def test_each_missing_name_turns_its_feature_off_and_says_why(feature):
-    p = subprocess.run([sys.executable, "-c", SCRIPT, feature], capture_output=True, text=True, timeout=600, cwd=ROOT)
+@pytest.fixture(scope="module")
+def deleted():
+    "The script's findings, run once: {feature: {name: status, '<all>': import}, '<restored>': {feature: on}}."
+    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.splitlines()[-1])
-    assert all(out.pop("<restored>").values())   # everything back on: the deletions were undone
-    names = {x.name for x in tp.PRIVATE if x.feature == feature}
-    assert set(out) == names
+    return json.loads(p.stdout.splitlines()[-1])
+
+
+def test_the_deletions_are_undone(deleted):
+    assert all(deleted["<restored>"].values()), deleted["<restored>"]
+
+
+@pytest.mark.parametrize("feature", list(tp.FEATURES))
+def test_each_missing_name_turns_its_feature_off_and_says_why(feature, deleted):
+    out = dict(deleted[feature])
+    everything = out.pop("<all>")
+    assert everything["imported"] and not everything["on"], everything   # import streamnb never fails
+    assert set(out) == {x.name for x in tp.PRIVATE if x.feature == feature}
     for name, r in out.items():
-        assert r["imported"], (name, r)                                  # import streamnb never fails
         assert f"`{name}`" in r["why"], (name, r["why"])                 # the feature is off and names the name
         assert r["why"] in r["raised"] and "is off" in r["raised"], (name, r)   # its use raises, saying why
         sharing = {x.feature for x in tp.PRIVATE if x.name == name}
