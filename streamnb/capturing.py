@@ -57,7 +57,9 @@ class Capture:
     program_streams: frozenset = frozenset()   # the stream indices of the program's stream objects (dynamo's table)
 
     @property
-    def module(self) -> nn.Module | None: return self.fn if isinstance(self.fn, nn.Module) else None
+    def module(self) -> nn.Module | None:
+        "The captured `nn.Module`, or None for a function."
+        return self.fn if isinstance(self.fn, nn.Module) else None
 
     @property
     def owned_streams(self) -> frozenset:

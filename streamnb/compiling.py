@@ -16,14 +16,14 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module, get_stream
 from .graph import PIPELINE_ORDER, StreamnbError, StreamRegistry, canonical, correction, is_bwd_node, use_registry
 from .streamops import decode, indices_in_use, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass, sync_forward
 from .cpustreams import run_graph
-from .tracing import dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
+from .tracing import FakeTensor, dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
+from .torchprivate import need
 from .partitioning import add_control_deps_vals, forward_deps_of_backward_syncs, partition_cause
 from torch.fx import Node
 from .streamops import count_syncs
@@ -240,6 +240,7 @@ class _use_streamnb_passesPart2:
         return streamnb_pass
 
     def __enter__(self):
+        need("compile_switch")                         # dynamo's internals read below (appendix 91)
         gc = check_call_sites()                       # refuses before anything is patched
         if not self._saved:
             self.graphs, self.registries, self.renumbered, self._memos = [], [], [], []
@@ -346,6 +347,7 @@ def executor_backend(graphs: dict | None = None, executor: Callable = run_graph)
     the graphs go into `graphs`, each with `meta["streamnb_notes"]`: what only dynamo's graph of its frame showed
     (`capturing.dynamo_notes`), for `explain_compiled` to print."""
     from functorch.compile import make_boxed_func
+    need("compile_switch")
     from torch._dynamo.backends.common import aot_autograd
     graphs = {} if graphs is None else graphs
     def backend(frame_gm, frame_inputs):

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 from torch.fx import GraphModule, Node
 
+from .torchprivate import need
 from .graph import check_graph_module, is_control_deps
 from .streamops import decode
 
@@ -104,6 +105,7 @@ def cpu_streams(eager: bool = False):
     """Trace (or, with `eager=True`, run) programs written with stream objects on a machine without an accelerator, numbered
     as on one: the current stream is index 0; streams and events are `CPUStream`/`CPUEvent`. Does nothing where there is an accelerator."""
     if torch.accelerator.is_available(): yield None; return
+    need("cpu_streams")                      # dynamo's internals patched below (appendix 91)
     import torch._dynamo.variables.streams as S
     _dynamo_classes()   # (computed once, with torch's own classes: the stand-ins must not be cached in their place)
     acc, dynamo_utils = importlib.import_module("torch.accelerator"), importlib.import_module("torch._dynamo.utils")

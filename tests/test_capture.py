@@ -318,7 +318,7 @@ UPSTREAM_REJECTED = {("two_branch_mlp", "default"), ("transformer_block", "defau
 @pytest.mark.parametrize("name", list(MODELS))
 def test_upstream_matches_eager_where_it_partitions(name, partitioner, tmp_path, monkeypatch):
     # the seed's graphs, where torch 2.13's partitioner takes them, compute what eager PyTorch computes;
-    # where it rejects them, the test above pins the failure (DESIGN.md correction 7)
+    # where it rejects them, the test above pins the failure (correction 7, chapter 13)
     model, inputs, cap = captured(name)
     monkeypatch.chdir(tmp_path)
     if (name, partitioner) in UPSTREAM_REJECTED:
