@@ -349,25 +349,53 @@ PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "in
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
 @functools.cache
-def _tensor_returns(target) -> int:
-    "How many results of the `aten` op `target` are tensors when all of them are (its schema): 0 if not all are."
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten": return 0
-    rets = target._schema.returns
-    return len(rets) if rets and all(type(r.type) is torch.TensorType for r in rets) else 0
+def _returns(target) -> tuple | None:
+    """The return types of each schema of the `aten` op `target` (an overload: one; a packet such as `aten.add`: one
+    per overload), or None where it is not an `aten` op (a Python function such as `torch.add` has no schema)."""
+    if isinstance(target, torch._ops.OpOverloadPacket) and target._qualified_op_name.startswith("aten::"):
+        return tuple(tuple(r.type for r in getattr(target, o)._schema.returns) for o in target.overloads())
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten": return None
+    return (tuple(r.type for r in target._schema.returns),)
 
 # %% ../nbs/01_graph.ipynb #7012fd01
+def _fits(v: Any, t) -> bool:
+    """Can one result of schema type `t` be `v`? A Tensor is a tensor, a Tensor[] a list of tensors (or None: an output
+    not computed), an optional may be None; any other type is a host value's, which is not checked here."""
+    if isinstance(t, torch.TensorType): return isinstance(v, torch.Tensor)
+    if isinstance(t, torch.OptionalType): return v is None or _fits(v, t.getElementType())
+    if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+        return isinstance(v, (list, tuple)) and all(x is None or isinstance(x, torch.Tensor) for x in v)
+    return True
+
 def _not_a_tensor(n: Node, val: Any) -> bool:
-    "Is `val` not what `n`'s `aten` op makes: a tensor (one result), or a tuple or list of tensors or None (several)?"
-    k = _tensor_returns(n.target) if n.op == "call_function" else 0
-    if k == 1: return not isinstance(val, torch.Tensor)
-    return k > 1 and not (isinstance(val, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in val))
+    """Is `val` not what `n`'s `aten` op makes by any of its schemas (a packet such as `aten.relu`: any overload's): a
+    tensor for a Tensor, a list of tensors for a Tensor[], a tuple (or list) of those or None for several results?"""
+    schemas = _returns(n.target) if n.op == "call_function" else None
+    if not schemas: return False
+    def fits(rets):
+        if len(rets) == 1: return _fits(val, rets[0])
+        if not rets: return True   # an op that returns nothing: no value to check
+        return isinstance(val, (tuple, list)) and all(v is None or _fits(v, r) for v, r in zip(val, rets))
+    return not any(fits(r) for r in schemas)
+
+def _val_error(n: Node) -> str | None:
+    "What is wrong with `n`'s `meta['val']` (text; not what its `aten` op makes), or None."
+    v = n.meta["val"]
+    if isinstance(v, (str, bytes)):
+        return f"meta['val'] is a {type(v).__name__}, not a value a traced op makes (a fake or meta tensor, a SymInt or a number)"
+    if not _not_a_tensor(n, v): return None
+    schemas = _returns(n.target)
+    made = "a Tensor" if all(len(r) == 1 and isinstance(r[0], torch.TensorType) for r in schemas) else \
+           " or ".join(dict.fromkeys("(" + ", ".join(map(str, r)) + ")" for r in schemas))
+    return (f"{n.target} returns {made} but its meta['val'] is not a tensor ({type(v).__name__}): the graph is broken "
+            "(a host value, such as a SymInt, comes from a host op: sym_size, item, operator.* on ints)")
 
 # %% ../nbs/01_graph.ipynb #a104e310
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
     """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph (a cycle, a
     dangling argument), a name used twice, a second `output` node, a user that is not in the graph, a bad stream
     annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one) or that is
-    not a tensor on an `aten` op whose schema returns one, or a missing `meta['val']` on a node of `need_val`."""
+    not what its `aten` op's schema returns (a tensor, a list of tensors; an `aten` packet: any of its overloads), or a missing `meta['val']` on a node of `need_val`."""
     check_graph_module(gm)
     seen: set[Node] = set()
     names: set[str] = set()
@@ -389,13 +417,7 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
                                 "ops inside a module; inline it first (trace without leaf modules)")
         if "val" not in n.meta:
             if n in need_val: get_val(n)
-        elif isinstance(n.meta["val"], (str, bytes)):
-            raise StreamnbError(f"node {n.name}: meta['val'] is a {type(n.meta['val']).__name__}, not a value a traced "
-                                "op makes (a fake or meta tensor, a SymInt or a number)")
-        elif _not_a_tensor(n, n.meta["val"]):
-            raise StreamnbError(f"node {n.name}: {n.target} returns a Tensor but its meta['val'] is not "
-                                f"a tensor ({type(n.meta['val']).__name__}): the graph is broken (a host value, such as a SymInt, "
-                                "comes from a host op: sym_size, item, operator.* on ints)")
+        elif (why := _val_error(n)) is not None: raise StreamnbError(f"node {n.name}: {why}")
     for n in gm.graph.nodes:
         for u in n.users:
             if u not in seen:
