@@ -24,13 +24,13 @@ from torch.fx.node import map_arg
 from . import fastfx
 
 # %% auto #0
-__all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_graph_module',
-           'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps',
-           'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
-           'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical', 'StreamnbError',
-           'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict',
-           'validate', 'require_val', 'already_processed', 'mark_processed', 'transaction', 'stream_pass', 'Correction',
-           'correction', 'corrections_table']
+__all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'RECOGNISE', 'CORRECTIONS', 'get_stream',
+           'check_graph_module', 'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device',
+           'is_control_deps', 'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event',
+           'get_current_stream', 'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical',
+           'StreamnbError', 'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning',
+           'IndexedDict', 'validate', 'require_val', 'already_processed', 'mark_processed', 'transaction',
+           'stream_pass', 'Correction', 'correction', 'corrections_table']
 
 # %% ../nbs/01_graph.ipynb #659d8eb0
 aten = torch.ops.aten
@@ -436,20 +436,29 @@ def require_val(need_val: Collection[Node]) -> None:
 def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
 
-def _inserted_by(gm: GraphModule, name: str) -> Node | None:
-    """The first node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted (`meta['streamnb_pass']`,
-    which a copy of the graph keeps when it drops the marks), or a `control_deps` node (after the wrap pass)."""
-    later = set(PIPELINE_ORDER[PIPELINE_ORDER.index(name):]) if name in PIPELINE_ORDER else {name}
-    return next((n for n in gm.graph.nodes if n.meta.get("streamnb_pass") in later
-                 or (name in PIPELINE_ORDER and is_control_deps(n))), None)
+RECOGNISE: dict[str, Callable[[GraphModule], tuple[Node, str] | None]] = {}
+"Pass name -> how to see from a graph's content that the pass already ran on it: `(a node it made, why)` or None."
+
+def _inserted_by(gm: GraphModule, name: str) -> tuple[Node, str] | None:
+    """A node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted, and how we know: its
+    `meta['streamnb_pass']` (which a copy of the graph keeps when it drops the marks), a `control_deps` node (after the
+    wrap pass), or what the pass's `RECOGNISE` entry finds in the graph (its syncs, a copy that dropped all meta too)."""
+    later = PIPELINE_ORDER[PIPELINE_ORDER.index(name):] if name in PIPELINE_ORDER else (name,)
+    for n in gm.graph.nodes:
+        if n.meta.get("streamnb_pass") in later: return n, f"node {n.name} was inserted by {n.meta['streamnb_pass']}"
+        if name in PIPELINE_ORDER and is_control_deps(n): return n, f"node {n.name} is a control_deps node"
+    for p in later:
+        try: found = RECOGNISE[p](gm) if p in RECOGNISE else None
+        except StreamnbError: found = None   # a malformed graph: validate names the node
+        if found is not None: return found
+    return None
 
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     check_graph_module(gm)
-    wrapped = None if name in _marks(gm) else _inserted_by(gm, name)
-    if name not in _marks(gm) and wrapped is None: return False
-    why = f"{name} already ran on it" if wrapped is None else (f"node {wrapped.name} is a control_deps node" if
-          is_control_deps(wrapped) else f"node {wrapped.name} was inserted by {wrapped.meta['streamnb_pass']}")
+    found = None if name in _marks(gm) else _inserted_by(gm, name)
+    if name not in _marks(gm) and found is None: return False
+    why = f"{name} already ran on it" if found is None else found[1]
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 
