@@ -393,13 +393,13 @@ def _val_error(n: Node) -> str | None:
 # %% ../nbs/01_graph.ipynb #a104e310
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
     """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph (a cycle, a
-    dangling argument), a name used twice, a second `output` node, a user that is not in the graph, a bad stream
+    dangling argument), a name used twice, a second `output` node, a `meta` dict two nodes share, a user that is not in the graph, a bad stream
     annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one) or that is
     not what its `aten` op's schema returns (a tensor, a list of tensors; an `aten` packet: any of its overloads), or a missing `meta['val']` on a node of `need_val`."""
     check_graph_module(gm)
     seen: set[Node] = set()
     names: set[str] = set()
-    output = None
+    output, metas = None, {}
     for n in gm.graph.nodes:
         for a in n.all_input_nodes:
             if a not in seen:   # defined later, erased, or a node of another graph
@@ -408,6 +408,8 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
         seen.add(n)
         if n.name in names: raise StreamnbError(f"node {n.name}: two nodes of the graph have this name (the graph fails lint())")
         names.add(n.name)
+        if (m := metas.setdefault(id(n.meta), n)) is not n:   # a setting on one would change the other
+            raise StreamnbError(f"node {n.name}: its meta dict is node {m.name}'s (one object): give each node its own")
         if n.op == "output":
             if output is not None:
                 raise StreamnbError(f"node {n.name}: a second output node (the first is {output.name}): a graph has one")
