@@ -36,6 +36,7 @@ streams = torch.ops.streams
 USER_EVENTS = tuple(range(4, 10))
 UNARY = (aten.neg.default, aten.sin.default, aten.relu.default)
 BINARY = (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.mm.default)
+TENSOR_PACKETS = (aten.relu.default, aten.mm.default)   # ops whose packet (aten.relu) has no overload that makes a host value
 
 
 def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None = None, n_primals: int = 2,
@@ -57,7 +58,8 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     the chance that a compute node shares its `custom` dict with an earlier node of the same stream (an unannotated
     node or an accumulation: one `{"note": "shared"}` dict), as AOTAutograd shares forward/backward dicts;
     `p_bad_val`, the chance that one tensor op gets a `meta['val']` that is not a tensor (an int, None, `object()`, an
-    empty list or a SymInt), a broken graph, named in `gm.meta["graphgen_bad_val"]`."""
+    empty list or a SymInt), a broken graph, named in `gm.meta["graphgen_bad_val"]`; half the time, on `aten.relu` or
+    `aten.mm`, the op is then called through its packet (`aten.relu`), as a graph written by hand may call it."""
     rng = random.Random(seed)
     if n_streams is None: n_streams = rng.randint(1, 4)
     if not 1 <= n_streams <= len(USER_EVENTS): raise ValueError(f"n_streams must be 1..{len(USER_EVENTS)}")
@@ -130,6 +132,9 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     if p_bad_val and ops and rng.random() < p_bad_val:
         bad = rng.choice(ops)
         bad.meta["val"] = rng.choice([lambda: 3, lambda: None, object, list, _symint])()
+        if bad.target in TENSOR_PACKETS and rng.random() < 0.5:
+            bad.target = bad.target.overloadpacket   # aten.relu, aten.mm: every overload returns a Tensor
+            gm.recompile()
         gm.meta["graphgen_bad_val"] = bad.name
     return gm
 
