@@ -141,7 +141,9 @@ def control_deps_exercise():
 # %% ../nbs/13_control_deps.ipynb #6efcc197
 #| code-fold: true
 def two_consumers_solution(gm: GraphModule) -> GraphModule:
-    "Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait."
+    """Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait. (The
+    seed's deps are right in program order, with the same syncs and makespan; but `c0` and `c2` read `p` from the
+    record's getitem, so a pass may hoist either above its wait.)"""
     check_graph_module(gm)
     return wrap_by_hand(gm, {"record_event_default": ["p"],
                              "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem

@@ -239,6 +239,10 @@ def in_words(e: Finding, gm: GraphModule | None = None) -> str:
     """A sanitizer error in one sentence: the nodes, the streams, what can go wrong (and, given the graph `gm`, the
     sync that is there but wrong: `misplaced`)."""
     (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
+    if e.kind == "race" and gm is not None and any(n.name == b and n.op == "placeholder" for n in gm.graph.nodes):
+        return (f"race on {e.tensor}: {a} ({_sname(sa)}) uses the input {b}, which the caller made on {_sname(sb)}, and "
+                f"nothing makes {_sname(sa)} wait for it: the missing wait. Fix: make {_sname(sa)} wait for {_sname(sb)} "
+                f"before {a} (`s.wait_stream(torch.cuda.current_stream())`: wait_stream({sa}, {sb}))")
     if e.kind == "race":
         return (f"race on {e.tensor}: {a} ({_sname(sa)}) and {b} ({_sname(sb)}) may run at the same time; "
                 f"nothing makes {_sname(sa)} wait for {b}{misplaced(gm, e) if gm is not None else ''}. Fix: record an event on {_sname(sb)} after {b} and wait "
@@ -556,6 +560,14 @@ def _copy(gm: GraphModule) -> GraphModule:
     ns._used_names, ns._base_count = set(old._used_names) | ns._used_names, {**ns._base_count, **old._base_count}
     return g
 
+def _mends(ex, gm: GraphModule, edits: list[Edit], e: Finding) -> bool:
+    "True if `edits` remove the finding `e` and slow nothing down."
+    g = _copy(gm)
+    for x in edits: g = x.apply(g)
+    try: left = [(f.kind, tuple(f.nodes)) for f in _sanitize(ex, g).errors]
+    except StreamnbError: return False
+    return (e.kind, tuple(e.nodes)) not in left and _after(ex, gm, edits) <= makespan_us(gm, ex.cost) * (1 + 1e-9) + 1e-9
+
 def _after(ex, gm: GraphModule, edits: list[Edit]) -> float:
     "The makespan of `gm` with `edits` made (on a copy)."
     g = _copy(gm)
@@ -571,8 +583,10 @@ def _fix_finding(ex, gm: GraphModule, e: Finding, rep: Report) -> list[Edit] | N
         same = [f.nodes[1] for f in rep.errors if f.kind == "unjoined_output" and tuple(f.streams[:2]) == (sa, sb)]
         pos = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         return _order_edits(ex, gm, max(same, key=pos.get), sb, "output", sa)
-    if e.kind == "unsafe_reuse":      # free the tensor only once its reader is done: at the end first (then earlier)
+    if e.kind == "unsafe_reuse":      # record_stream if it is enough, else a sync_dealloc at the end (then earlier)
         t, rec = node(gm, e.tensor), _records(gm, sa, node(gm, a), _output(gm))
+        rs = [_e_insert(streams.record_stream.default, t, sa, after=a)]
+        if _mends(ex, gm, rs, e): return rs
         ev = decode(rec, gm).event if rec is not None else _free_index(gm)
         first = [] if rec is not None else [_e_insert(streams.record_event.default, ev, sa, after=a)]
         return first + [_e_insert(streams.sync_dealloc.default, ev, sb, t, before="output")]

@@ -548,3 +548,13 @@ def test_pre_answer_attempts_show_problems_not_fixes():
     text = g.without_fixes()
     assert "Fix" not in text and "fix" not in text and "insert(" not in text, text
     assert len(text.splitlines()) == 1 + len(g.problems)
+
+
+def test_the_course_graphs_use_indices_torch_could_run():
+    "Every exercise's start graph and worked solution, and the primer's graphs: no index both an event and a stream."
+    from streamnb.primer import ABC_SYNCS, abc_graph, reuse_graph, PROTECTIONS
+    from streamnb.streamops import check_stream_ops
+    graphs = [g for f in all_exercises().values() for g in (f().start(), f().best())]
+    graphs += [abc_graph(1, s, early=e) for s in ABC_SYNCS for e in (False, True)]
+    graphs += [reuse_graph(protect=p) for p in (None, *PROTECTIONS)]
+    for gm in graphs: check_stream_ops(gm, one_table=True)
