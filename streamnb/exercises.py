@@ -217,6 +217,7 @@ def misplaced(gm: GraphModule, e: Finding) -> str:
     (its event recorded on another stream or before the producer, or the right event waited for on another stream)."""
     (a, b), (sa, sb) = tuple(e.nodes)[:2], tuple(e.streams)[:2]
     recs, seen, out = {}, None, []
+    used_on = {get_stream(m) for m in compute_nodes(gm) if any(source(x).name == b for x in m.all_input_nodes)}
     for n in gm.graph.nodes:
         if n.name == a: break
         if n.name == b: seen = n; continue
@@ -229,7 +230,7 @@ def misplaced(gm: GraphModule, e: Finding) -> str:
             elif op.stream == sa and not after:
                 out.append(f"{n.name} waits for event {op.event}, recorded by {r} before {b}: it marks {_sname(sb)}'s "
                            f"work before {b}")
-            elif op.stream != sa and rs == sb and after:
+            elif op.stream != sa and op.stream not in used_on and rs == sb and after:   # a wait nothing there needs
                 out.append(f"{n.name} waits for event {op.event} (recorded after {b}) on {_sname(op.stream)}, not on "
                            f"{_sname(sa)}, where {a} runs")
     return "".join(f" (a wrong sync: {w})" for w in out[:1])
@@ -260,6 +261,12 @@ def in_words(e: Finding, gm: GraphModule | None = None) -> str:
     if e.kind == "wait_without_record":
         return (f"{a} waits on an event that no record_event before it records: the wait orders nothing. Fix: record "
                 f"the event after the producer, before {a}")
+    if e.kind == "reorderable" and gm is not None and any(is_control_deps(n) for n in gm.graph.nodes):
+        why = e.message.rstrip(".").rsplit(": ", 1)[-1]
+        return (f"reorder hazard on {e.tensor}: {a} and {b} are ordered only by program order, not by data edges, so a "
+                f"pass may reorder them ({why}). The syncs are wrapped, but {a} reads {e.tensor} around its wait. Fix: "
+                f"thread {e.tensor} through the wait before {a} (wrap that wait with {e.tensor} among its deps, so that "
+                f"{a} reads {e.tensor} from it: correction 6, chapter 13)")
     if e.kind == "reorderable":
         why = e.message.rstrip(".").rsplit(": ", 1)[-1]
         return (f"reorder hazard on {e.tensor}: {a} and {b} are ordered only by program order, not by data edges, so a "
