@@ -597,12 +597,11 @@ _HASH_ALT = re.compile(r"^[0-9a-f]{16,}(\.png)?$|^$")
 _LAPTOP_JS = """() => {
   const W = document.documentElement.clientWidth;
   const main = document.querySelector('article[role=main]') || document.body;
-  const ar = main.getBoundingClientRect();
   return {
     scroll: document.documentElement.scrollWidth - W,
     cut: Array.from(main.querySelectorAll('.cell_output pre')).filter(p => p.scrollWidth > p.clientWidth + 1)
            .map(p => p.textContent.trim().slice(0, 60)),
-    tables: Array.from(main.querySelectorAll('table')).filter(t => t.getBoundingClientRect().right > ar.right + 1)
+    tables: Array.from(main.querySelectorAll('table')).filter(t => t.getBoundingClientRect().right > W + 1)
            .map(t => t.textContent.trim().slice(0, 60)),
     figs: Array.from(main.querySelectorAll('.cell_output img')).map(i => ({src: i.getAttribute('src'), alt: i.alt,
            natural: i.naturalWidth, shown: i.getBoundingClientRect().width, zoom: getComputedStyle(i).cursor})),
@@ -616,7 +615,7 @@ _BREAK_JS = """() => {
   const wide = document.createElement('div'); wide.style.width = '3000px'; wide.textContent = 'x'; main.appendChild(wide);
   const out = document.createElement('div'); out.className = 'cell_output';
   out.innerHTML = '<pre style="white-space: pre; overflow-x: auto">' + 'a grade line '.repeat(40) + '</pre>' +
-                  '<table style="display: table; width: 2500px"><tr><td>wide table</td></tr></table>' +
+                  '<table style="display: table; width: 2500px; max-width: none"><tr><td>wide table</td></tr></table>' +
                   '<img alt="0a1b2c3d4e5f60718293a4b5c6d7e8f9.png" style="width: 200px">';
   main.appendChild(out);
   const src = document.querySelector('.cell_output img'); if (src) out.querySelector('img').src = src.src;

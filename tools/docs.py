@@ -377,8 +377,12 @@ SITE_JS = """// written by tools/docs.py: a plot wider than the text column grow
 document.addEventListener('DOMContentLoaded', () => {
   document.querySelectorAll('.cell_output img').forEach(img => {
     const widen = () => { if (img.naturalWidth > img.parentElement.clientWidth) {
-      img.style.setProperty('--natural-width', img.naturalWidth + 'px'); img.classList.add('streamnb-wide'); } };
+      // as wide as its natural width, the room left of the window's edge allows (never a sideways scroll)
+      const room = document.documentElement.clientWidth - img.parentElement.getBoundingClientRect().left - 16;
+      img.style.setProperty('--natural-width', Math.min(img.naturalWidth, room) + 'px');
+      img.classList.add('streamnb-wide'); } };
     if (img.complete) widen(); else img.addEventListener('load', widen);
+    window.addEventListener('resize', () => { img.classList.remove('streamnb-wide'); widen(); });
     img.title = img.title || 'click to enlarge';
     img.addEventListener('click', () => {
       const box = document.createElement('div'); box.className = 'streamnb-zoom';
