@@ -215,6 +215,7 @@ def host_problems(best: GraphModule, answer: GraphModule, cost=None,
 def misplaced(gm: GraphModule, e: Finding) -> str:
     """For a race (`e`): a wait between the producer and the consumer that is there but orders the wrong thing, in words
     (its event recorded on another stream or before the producer, or the right event waited for on another stream)."""
+    check_graph_module(gm)
     (a, b), (sa, sb) = tuple(e.nodes)[:2], tuple(e.streams)[:2]
     recs, seen, out = {}, None, []
     used_on = {get_stream(m) for m in compute_nodes(gm) if any(source(x).name == b for x in m.all_input_nodes)}
