@@ -19,8 +19,9 @@ from .graph import (StreamnbError, aten, check_graph_module, correction, get_cur
                             set_stream)
 
 # %% auto #0
-__all__ = ['WRITE_BACKS', 'acc_stream', 'assign_backward_streams', 'write_back_outputs', 'join_write_backs', 'SeedEpilogue',
-           'CorrectedEpilogue', 'assign_epilogue_copy_streams', 'UnorderableWriteBackError', 'check_write_backs']
+__all__ = ['WRITE_BACKS', 'PROGRAM_EVENTS', 'acc_stream', 'assign_backward_streams', 'events_of', 'write_back_outputs',
+           'join_write_backs', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams',
+           'UnorderableWriteBackError', 'check_write_backs']
 
 # %% ../nbs/10_backward_streams.ipynb #cff3b996
 def acc_stream(node: Node) -> int | None:
@@ -67,6 +68,11 @@ def _origin(n: Node) -> Node:
 
 # %% ../nbs/10_backward_streams.ipynb #c5b6149a
 WRITE_BACKS = "streamnb_write_backs"   # gm.meta: the positions of the outputs AOTAutograd's epilogue copies into inputs
+PROGRAM_EVENTS = "streamnb_program_events"   # gm.meta: the events of the program's own syncs, before any pass
+
+def events_of(gm: GraphModule) -> set[int]:
+    "The events `gm`'s stream ops record or wait for."
+    return {op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.event is not None}
 
 def _first_capture(gm: GraphModule, after: set[Node], stream: int | None, stop: Node | None = None, *,
                    records: bool = False, skip: frozenset = frozenset()) -> Node | None:
@@ -299,23 +305,13 @@ def _sync_name(gm: GraphModule, n: Node) -> str:
     return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
 
 # %% ../nbs/10_backward_streams.ipynb #24035944
-def _end_joins(gm: GraphModule) -> frozenset:
-    """The events every wait of which is at the end of its partition (no computing node of the forward, or of the
-    backward, after it): the joins of what the graph returns to the current stream (corrections 17, 24 and 31), which
-    order nothing inside the graph; an out-of-graph write-back, on the current stream after the graph, is after them."""
-    at_end, pending = {}, {False: [], True: []}
-    for n in gm.graph.nodes:
-        op = decode(n, gm)
-        if op is not None and op.kind == "wait_event":
-            pending[is_bwd_node(n)].append(op.event); at_end.setdefault(op.event, True)
-        elif op is None and n.op == "call_function" and not _wrapping(n):
-            for e in pending[is_bwd_node(n)]: at_end[e] = False
-            pending[is_bwd_node(n)].clear()
-    return frozenset(e for e, end in at_end.items() if end)
-
 def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
-    "Refuse input `i`'s write-back by the runtime wrapper if a forward barrier after its new value `new` joins its stream."
-    cap = _first_capture(gm, {new}, get_stream(new), records=True, skip=_end_joins(gm))
+    """Refuse input `i`'s write-back by the runtime wrapper if a forward barrier of the program's after its new value `new`
+    joins its stream (not one the passes inserted, when `gm.meta[PROGRAM_EVENTS]` says which events are the program's:
+    correction 24's forward syncs and 31's joins order the copy after the graph, and no program relies on them)."""
+    program = gm.meta.get(PROGRAM_EVENTS)   # (when known) the passes' own syncs are no barrier the program wrote
+    skip = frozenset() if program is None else frozenset(events_of(gm) - set(program))
+    cap = _first_capture(gm, {new}, get_stream(new), records=True, skip=skip)
     if cap is None or is_bwd_node(cap) or _on_cpu(new): return
     raise UnorderableWriteBackError(
         f"node {_sync_name(gm, cap)}: input {i} is mutated (its new value {new.name}, on stream {get_stream(new)}) and written "

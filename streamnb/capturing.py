@@ -26,7 +26,7 @@ from .cpustreams import RunResult, cpu_streams, run_graph
 from .tracing import (CaptureError, NoGradError, TraceError, _cause, _trace_joint, graph_streams, on_device,
                               tag_custom_backward)
 from .partitioning import PARTITIONERS, add_control_deps_vals, partition
-from .assign import WRITE_BACKS
+from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of
 
 
 # %% auto #0
@@ -223,9 +223,9 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
     streams = graph_streams(joint)
     on_device(joint, device)
     notes = _stream_notes(name, joint, streams) + got.get("dynamo_notes", [])   # and what only dynamo's graph showed
-    joint.meta[WRITE_BACKS] = list(write_backs)   # for the write-back pass (correction 31)
+    joint.meta.update({WRITE_BACKS: list(write_backs), PROGRAM_EVENTS: events_of(joint)})   # for chapter 10's passes
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
-    fw.meta[WRITE_BACKS] = list(write_backs)
+    fw.meta.update(joint.meta)
     # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=spec_box[0],
@@ -242,7 +242,7 @@ def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, b
     fw, meta = got["inference"], got["fw_metadata"]
     outs = pytree.tree_leaves(fw.graph.output_node().args[0])
     write_backs = _write_backs(name, meta, got["order"], [*params, *buffers], len(outs))
-    fw.meta[WRITE_BACKS] = list(write_backs)   # for the write-back pass (correction 31)
+    fw.meta.update({WRITE_BACKS: list(write_backs), PROGRAM_EVENTS: events_of(fw)})   # for chapter 10's passes
     streams = graph_streams(fw)
     on_device(fw, device)
     why = ("grad mode is off: torch.no_grad or torch.inference_mode" if not torch.is_grad_enabled() else

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import operator
 from .graph import is_control_deps
 import sys
-from .assign import WRITE_BACKS, write_back_outputs
+from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of, write_back_outputs
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
@@ -230,7 +230,8 @@ class _use_streamnb_passesPart1:
             self._memos.append({})                    # its values' conversions for `cpu_as` (one per value, not per pass)
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
-            gm.meta[WRITE_BACKS] = write_back_outputs(call_site_metadata())   # for correction 31 (chapter 10)
+            gm.meta.update({WRITE_BACKS: write_back_outputs(call_site_metadata()),   # for chapter 10's passes
+                            PROGRAM_EVENTS: events_of(gm)})
             if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
                 self._warned = True
                 warnings.warn(CPUValuesWarning(
