@@ -212,7 +212,8 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                                "bind other arguments first (functools.partial or a closure)")
     params = dict(fn.named_parameters()) if isinstance(fn, nn.Module) else {}
     buffers = dict(fn.named_buffers()) if isinstance(fn, nn.Module) else {}
-    flat = [*params.values(), *buffers.values(), *example_inputs]
+    kept = lambda t: t.detach().clone().requires_grad_(t.requires_grad)   # dynamo runs it: what it updates in place
+    flat = [*params.values(), *map(kept, buffers.values()), *map(kept, example_inputs)]
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
     with _saved_tensors_hooks_refused(name): got, used = _traced(flat_fn, flat, frontend, name)
@@ -438,14 +439,15 @@ def _eager_run(fn_or_module: Callable, inputs: list, grad_outputs=None) -> RunRe
 @contextlib.contextmanager
 def _updates_undone(fn: Callable, inputs: list, written: dict):
     """Run the block; then put each of `fn`'s parameters and buffers and `inputs` that it updated in place (its version
-    counter moved) back as it was, its new value in `written` by name (`input i` for an input)."""
+    counter moved, or its values: BatchNorm's kernel updates its running statistics without a version bump) back as
+    it was, its new value in `written` by name (`input i` for an input)."""
     named = [*fn.named_parameters(), *fn.named_buffers()] if isinstance(fn, nn.Module) else []
     named += [(f"input {i}", x) for i, x in enumerate(inputs)]
     before = {n: (t._version, t.detach().clone()) for n, t in named}
     try: yield
     finally:
         for n, t in named:
-            if t._version == before[n][0]: continue
+            if t._version == before[n][0] and torch.equal(t.detach(), before[n][1]): continue
             written[n] = t.detach().clone()
             with torch.no_grad(): t.copy_(before[n][1])
 
