@@ -184,6 +184,11 @@ def write_back_outputs(fw_metadata: Any) -> list[int]:
     if info is None or runtime is None: return []
     return [k for k, i in enumerate(runtime) if 0 <= i < len(info) and getattr(info[i], "mutates_data", False)]
 
+def _on_cpu(n: Node) -> bool:
+    "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
+    try: return get_device(n).type == "cpu"
+    except Exception: return False
+
 def _write_back_makers(gm: GraphModule) -> list[Node]:
     """The nodes, on a stream other than the current one and not on the CPU, that make what the epilogue copies into an
     input after the graph: the outputs `gm.meta[WRITE_BACKS]` names (an in-graph write-back `copy_` is placed above)."""
@@ -295,11 +300,6 @@ class UnorderableWriteBackError(StreamnbError, RuntimeError):
     `UnsupportedMutationAliasingException` there)."""
 
 # %% ../nbs/10_backward_streams.ipynb #ebb670c9
-def _on_cpu(n: Node) -> bool:
-    "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
-    try: return get_device(n).type == "cpu"
-    except Exception: return False
-
 def _sync_name(gm: GraphModule, n: Node) -> str:
     "`n`'s name, with the sync it wraps if it is a `control_deps` node (chapter 13)."
     return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
