@@ -72,6 +72,7 @@ PROGRAM_EVENTS = "streamnb_program_events"   # gm.meta: the events of the progra
 
 def events_of(gm: GraphModule) -> set[int]:
     "The events `gm`'s stream ops record or wait for."
+    check_graph_module(gm)
     return {op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.event is not None}
 
 def _first_capture(gm: GraphModule, after: set[Node], stream: int | None, stop: Node | None = None, *,
@@ -216,6 +217,7 @@ def join_write_backs(gm: GraphModule) -> list[Node]:
     """Correction 31: per side stream that makes a write-back (`_write_back_makers`) not yet joined, one `record_event`
     after its last such node and one `wait_event` on the current stream where the forward ends (the first backward
     node after them, else the output), both `must_be_in_forward`; the nodes inserted."""
+    check_graph_module(gm)
     made = _write_back_makers(gm)
     if not made: return []
     nodes = list(gm.graph.nodes)

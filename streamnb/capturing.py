@@ -212,8 +212,7 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                                "bind other arguments first (functools.partial or a closure)")
     params = dict(fn.named_parameters()) if isinstance(fn, nn.Module) else {}
     buffers = dict(fn.named_buffers()) if isinstance(fn, nn.Module) else {}
-    kept = lambda t: t.detach().clone().requires_grad_(t.requires_grad)   # dynamo runs it: what it updates in place
-    flat = [*params.values(), *map(kept, buffers.values()), *map(kept, example_inputs)]
+    flat = [*params.values(), *map(_kept, buffers.values()), *map(_kept, example_inputs)]
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
     with _saved_tensors_hooks_refused(name): got, used = _traced(flat_fn, flat, frontend, name)
@@ -260,6 +259,13 @@ def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, b
 
 
 # %% ../nbs/16c_capture.ipynb #b79b2005
+def _kept(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` to trace with (dynamo runs the program once: it must not update the caller's tensors in place),
+    with what `torch._dynamo.mark_dynamic` and its kin set on `t`."""
+    c = t.detach().clone().requires_grad_(t.requires_grad)
+    c.__dict__.update({k: v for k, v in t.__dict__.items() if k.startswith("_dynamo_")})
+    return c
+
 def _write_backs(name: str, meta: Any, order: list[int], state_names: list[str], num_outputs: int) -> dict[int, str]:
     """The forward's outputs that AOTAutograd's epilogue copies back into an input or a buffer updated in place, as
     {output position: its name (a parameter's or buffer's, or `input i`)}: its first outputs, one per data mutation.
