@@ -75,6 +75,7 @@ def events_of(gm: GraphModule) -> set[int]:
     check_graph_module(gm)
     return {op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.event is not None}
 
+# %% ../nbs/10_backward_streams.ipynb #23f1182a
 def _first_capture(gm: GraphModule, after: set[Node], stream: int | None, stop: Node | None = None, *,
                    records: bool = False, skip: frozenset = frozenset()) -> Node | None:
     """The first sync after all of `after` (and before `stop`) that joins `stream`'s work so far: a `wait_stream`, a
@@ -185,11 +186,13 @@ def write_back_outputs(fw_metadata: Any) -> list[int]:
     if info is None or runtime is None: return []
     return [k for k, i in enumerate(runtime) if 0 <= i < len(info) and getattr(info[i], "mutates_data", False)]
 
+# %% ../nbs/10_backward_streams.ipynb #fd35997b
 def _on_cpu(n: Node) -> bool:
     "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
     try: return get_device(n).type == "cpu"
     except Exception: return False
 
+# %% ../nbs/10_backward_streams.ipynb #6fc8d712
 def _write_back_makers(gm: GraphModule) -> list[Node]:
     """The nodes, on a stream other than the current one and not on the CPU, that make what the epilogue copies into an
     input after the graph: the outputs `gm.meta[WRITE_BACKS]` names (an in-graph write-back `copy_` is placed above)."""
@@ -200,6 +203,7 @@ def _write_back_makers(gm: GraphModule) -> list[Node]:
     return list(dict.fromkeys(n for n in made if n.op == "call_function" and not reg.is_current_stream(get_stream(n))
                               and not _on_cpu(n)))
 
+# %% ../nbs/10_backward_streams.ipynb #1444f263
 def _known_to_current(gm: GraphModule, made: list[Node], end: Node) -> set[Node]:
     "The nodes of `made` that the current stream already waits for before `end` (program order)."
     reg, vc, seq = get_registry(), VectorClocks(), {}
@@ -210,7 +214,6 @@ def _known_to_current(gm: GraphModule, made: list[Node], end: Node) -> set[Node]
         elif n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n):
             seq[n] = vc.launch(ph(get_stream(n)))
     return {w for w in made if w in seq and vc.known(ph(get_stream(w)), seq[w], "current")}
-
 
 # %% ../nbs/10_backward_streams.ipynb #f9f0febd
 def join_write_backs(gm: GraphModule) -> list[Node]:

@@ -266,6 +266,7 @@ def _kept(t: torch.Tensor) -> torch.Tensor:
     c.__dict__.update({k: v for k, v in t.__dict__.items() if k.startswith("_dynamo_")})
     return c
 
+# %% ../nbs/16c_capture.ipynb #7ed71bbc
 def _write_backs(name: str, meta: Any, order: list[int], state_names: list[str], num_outputs: int) -> dict[int, str]:
     """The forward's outputs that AOTAutograd's epilogue copies back into an input or a buffer updated in place, as
     {output position: its name (a parameter's or buffer's, or `input i`)}: its first outputs, one per data mutation.
@@ -280,7 +281,6 @@ def _write_backs(name: str, meta: Any, order: list[int], state_names: list[str],
                            "supported with in-place updates of inputs; return the tensors themselves (.clone())")
     where = lambda f: state_names[f] if f < len(state_names) else f"input {f - len(state_names)}"
     return {k: where(order[i]) for k, i in enumerate(runtime)}
-
 
 # %% ../nbs/16c_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,
@@ -370,11 +370,11 @@ def _split_written(self: Capture, outs: list) -> tuple[dict, list]:
     k = len(self.write_backs)
     return dict(zip(self.write_backs.values(), outs[:k])), list(outs[k:])
 
+# %% ../nbs/16c_capture.ipynb #a6309d55
 def _with_written(result: RunResult, written: dict) -> RunResult:
     "`result` with `.written`: the new value of each input or buffer the program updates in place, by name."
     result.written = written
     return result
-
 
 # %% ../nbs/16c_capture.ipynb #a7ad36cc
 def _run_forward_only(self: Capture, inputs, grad_outputs, executor: Callable) -> RunResult:
@@ -457,6 +457,7 @@ def _updates_undone(fn: Callable, inputs: list, written: dict):
             written[n] = t.detach().clone()
             with torch.no_grad(): t.copy_(before[n][1])
 
+# %% ../nbs/16c_capture.ipynb #a22aad16
 def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
     """Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with); no grads
     (all None) where the program has no gradient. What it updates in place (a buffer, an input) is put back as it was,
