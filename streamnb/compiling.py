@@ -34,12 +34,14 @@ from .simulator import Timeline, simulate
 from dataclasses import dataclass, field
 import operator
 from .graph import is_control_deps
+import sys
+from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of, write_back_outputs
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event', 'dynamo_current_stream',
            'DynamoRegistry', 'traced_current_stream', 'renumber_streams', 'register_annotated_streams', 'values_on',
-           'CPUValuesWarning', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
-           'canonical_modulo_inputs', 'CompiledExplanation', 'judging_registry', 'explain_compiled']
+           'CPUValuesWarning', 'call_site_metadata', 'use_streamnb_passes', 'CompileFailure', 'diagnose',
+           'executor_backend', 'canonical_modulo_inputs', 'CompiledExplanation', 'judging_registry', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -203,6 +205,20 @@ def _syncable_cpu_values(gm: GraphModule) -> bool:
     return any(isinstance(v, FakeTensor) and v.device.type == "cpu" for n in gm.graph.nodes
                for v in pytree.tree_leaves(n.meta.get("val")))
 
+# %% ../nbs/20_compile.ipynb #73bc31e8
+def call_site_metadata(depth: int = 8) -> object | None:
+    """The `fw_metadata` (AOTAutograd's `ViewAndMutationMeta`) of the call site (`TORCH_CALLS`) that runs the pass now
+    running, read from its frame: the passes before the metadata pass are not handed it, and the write-back pass needs
+    to know which outputs the epilogue copies into inputs (correction 31). None outside such a call."""
+    f = sys._getframe(1)
+    for _ in range(depth):
+        if f is None: return None
+        if f.f_code.co_name in TORCH_CALLS and f.f_globals.get("__name__") == CALL_SITES:
+            return f.f_locals.get("fw_metadata")
+        f = f.f_back
+    return None
+
+
 # %% ../nbs/20_compile.ipynb #d11bc986
 class _use_streamnb_passesPart1:
     "One pass of the switch on one graph: its registry, its renumbered regions, the pass (a part of `use_streamnb_passes`)."
@@ -214,6 +230,8 @@ class _use_streamnb_passesPart1:
             self._memos.append({})                    # its values' conversions for `cpu_as` (one per value, not per pass)
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
+            gm.meta.update({WRITE_BACKS: write_back_outputs(call_site_metadata()),   # for chapter 10's passes
+                            PROGRAM_EVENTS: events_of(gm)})
             if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
                 self._warned = True
                 warnings.warn(CPUValuesWarning(

@@ -276,8 +276,12 @@ def test_errors():
     def mutates(x, buf):
         buf.add_(1)
         return x * buf
-    with pytest.raises(CaptureError, match="mutates an input"):
-        capture(mutates, torch.randn(3, requires_grad=True), torch.zeros(3))
+    assert capture(mutates, torch.randn(3, requires_grad=True), torch.zeros(3)).write_backs == {0: "input 1"}  # issue 45
+    def transposes(x, buf):
+        buf.t_()
+        return x * buf
+    with pytest.raises(CaptureError, match="shape or strides of an input or buffer in place"):
+        capture(transposes, torch.randn(3, 3, requires_grad=True), torch.zeros(3, 3))
     with pytest.raises(CaptureError, match="frontend"):
         capture(two_stream_fn, torch.randn(3, 3, requires_grad=True), torch.randn(3, 3), frontend="jit")
     _, inputs, cap = captured("no_streams")
