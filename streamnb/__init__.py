@@ -5,6 +5,10 @@ PR #185627), the stream-op model
 they and everything after them share (`streamnb.streamops`), the simulator, plots, trace export, sanitizer, capture
 of real models, the CUDA executor, explain, and automatic stream assignment (`assign_streams`).
 
+`__all__` is the user-facing surface (about 20 names). The seed's functions under the seed's names
+(`insert_sync`, `assign_backward_streams`, `sync_deallocations`, `IndexedDict`, ...) and every other tool are imported
+from their modules (`from streamnb.syncs import insert_sync`), whose `__all__`s list them.
+
 The functions `streamnb.simulate`, `streamnb.capture` and `streamnb.explain` live in the modules
 `streamnb.simulator`, `streamnb.capturing` and `streamnb.explainer` (`import streamnb.simulator as m` gives the
 module); the example models and graphs (and the course's running example) are in `streamnb.examples`, the graders of
@@ -35,23 +39,29 @@ def _check_torch():
 
 _check_torch()
 
-from .graph import (IndexedDict, GraphBuilder, StreamRegistry, StreamnbError, StreamAnnotationError, MissingValError,
-                    UnknownEventError, AlreadyProcessedWarning, get_stream, set_stream, is_bwd_node, is_gradient_acc,
-                    get_registry, use_registry, canonical, describe)
-from .cost import DEVICE_SPECS, DeviceSpec, get_roofline_estimate
-from .assign import assign_backward_streams, assign_epilogue_copy_streams
-from .syncs import insert_backward_syncs, insert_sync, insert_record_event_after_node, insert_wait_event_before_node
-from .dealloc import populate_stream_timeline, handle_synced_deallocation, sync_deallocations
-from .control_deps import wrap_all_sync_nodes_with_control_deps
-from .metadata import populate_fw_metadata_with_stream_indices
+from .graph import GraphBuilder, StreamRegistry, StreamnbError, use_registry
 from .pipeline import run_stream_passes, sync_forward
 from .simulator import Timeline, simulate
 from .plot import plot_memory, plot_timeline
-from .trace import to_chrome_trace, write_chrome_trace
-from .sanitizer import Report, Finding, sanitize
+from .trace import write_chrome_trace
+from .sanitizer import Report, sanitize
 from .cpustreams import cpu_streams
 from .capturing import Capture, capture
 from .explainer import Explanation, explain
-from .compiling import (CompileFailure, CompiledExplanation, DynamoRegistry, UnsupportedTorchError, executor_backend,
-                        explain_compiled, use_streamnb_passes)
+from .cuda import Backend
+from .compiling import executor_backend, explain_compiled, use_streamnb_passes
 from .choosing import assign_streams
+
+__all__ = [
+    # build and hold a graph
+    "GraphBuilder", "StreamRegistry", "use_registry", "StreamnbError",
+    # the pipeline: the passes in AOTAutograd's order
+    "run_stream_passes", "sync_forward",
+    # judge and draw
+    "sanitize", "Report", "simulate", "Timeline", "plot_timeline", "plot_memory", "write_chrome_trace",
+    # real programs: capture, explain, the torch.compile switch
+    "cpu_streams", "capture", "Capture", "explain", "Explanation", "use_streamnb_passes", "executor_backend",
+    "explain_compiled", "Backend",
+    # assignment
+    "assign_streams",
+]

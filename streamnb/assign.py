@@ -11,13 +11,16 @@ from typing import Any
 
 from torch.fx import GraphModule, Node
 
-from .streamops import StreamOp, blocks, check_stream_ops, decode, reserve_indices_in_use, storages, written_args
-from .graph import (StreamnbError, aten, check_graph_module, correction, get_registry, stream_pass, flat_args, get_device, get_stream,
+from .streamops import (StreamOp, VectorClocks, blocks, check_stream_ops, decode, reserve_indices_in_use, storages,
+                                written_args)
+from .graph import (StreamnbError, aten, check_graph_module, correction, get_current_stream, get_registry, new_event,
+                            streams, stream_pass, flat_args, get_device, get_stream,
                             get_stream_or_current_stream, is_bwd_node, is_control_deps, is_gradient_acc,
                             set_stream)
 
 # %% auto #0
-__all__ = ['acc_stream', 'assign_backward_streams', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams',
+__all__ = ['WRITE_BACKS', 'PROGRAM_EVENTS', 'acc_stream', 'assign_backward_streams', 'events_of', 'write_back_outputs',
+           'join_write_backs', 'SeedEpilogue', 'CorrectedEpilogue', 'assign_epilogue_copy_streams',
            'UnorderableWriteBackError', 'check_write_backs']
 
 # %% ../nbs/10_backward_streams.ipynb #cff3b996
@@ -64,17 +67,26 @@ def _origin(n: Node) -> Node:
     return n
 
 # %% ../nbs/10_backward_streams.ipynb #c5b6149a
+WRITE_BACKS = "streamnb_write_backs"   # gm.meta: the positions of the outputs AOTAutograd's epilogue copies into inputs
+PROGRAM_EVENTS = "streamnb_program_events"   # gm.meta: the events of the program's own syncs, before any pass
+
+def events_of(gm: GraphModule) -> set[int]:
+    "The events `gm`'s stream ops record or wait for."
+    check_graph_module(gm)
+    return {op.event for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.event is not None}
+
+# %% ../nbs/10_backward_streams.ipynb #23f1182a
 def _first_capture(gm: GraphModule, after: set[Node], stream: int | None, stop: Node | None = None, *,
-                   records: bool = False) -> Node | None:
+                   records: bool = False, skip: frozenset = frozenset()) -> Node | None:
     """The first sync after all of `after` (and before `stop`) that joins `stream`'s work so far: a `wait_stream`, a
     `synchronize_stream`/`_device` that joins it, or the *record* of an event that a later wait or `synchronize_event`
     waits for (an event holds the stream's work as it was at its record, not at the wait). `records=True`: any record
-    on `stream` counts (the caller may wait for it after the graph returns)."""
+    on `stream` counts (the caller may wait for it after the graph returns). The events in `skip` do not count."""
     pending, captures = set(after), {}   # event -> its record, where it captures `stream` after all of `after`
     for n in gm.graph.nodes:
         if n is stop: return None
         pending.discard(n)
-        if (op := decode(n, gm)) is None: continue
+        if (op := decode(n, gm)) is None or getattr(op, "event", None) in skip: continue
         if op.kind == "record_event":
             captures[op.event] = n if not pending and _same(op.stream, stream) else None
             if records and captures[op.event] is not None: return n
@@ -166,11 +178,77 @@ def _hoist_disjoint(gm: GraphModule, copy: Node) -> Node | None:
     return b
 
 
+# %% ../nbs/10_backward_streams.ipynb #6e8e2371
+def write_back_outputs(fw_metadata: Any) -> list[int]:
+    """The positions of the graph's outputs that AOTAutograd's epilogue copies into mutated inputs after the graph (its
+    first outputs: data mutations kept out of the graph), from its `ViewAndMutationMeta`; [] without that metadata."""
+    info, runtime = getattr(fw_metadata, "input_info", None), getattr(fw_metadata, "mutated_inp_runtime_indices", None)
+    if info is None or runtime is None: return []
+    return [k for k, i in enumerate(runtime) if 0 <= i < len(info) and getattr(info[i], "mutates_data", False)]
+
+# %% ../nbs/10_backward_streams.ipynb #fd35997b
+def _on_cpu(n: Node) -> bool:
+    "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
+    try: return get_device(n).type == "cpu"
+    except Exception: return False
+
+# %% ../nbs/10_backward_streams.ipynb #6fc8d712
+def _write_back_makers(gm: GraphModule) -> list[Node]:
+    """The nodes, on a stream other than the current one and not on the CPU, that make what the epilogue copies into an
+    input after the graph: the outputs `gm.meta[WRITE_BACKS]` names (an in-graph write-back `copy_` is placed above)."""
+    outs = gm.graph.output_node().args[0]
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    made = [_origin(outs[k]) for k in gm.meta.get(WRITE_BACKS, ()) if k < len(outs) and isinstance(outs[k], Node)]
+    reg = get_registry()
+    return list(dict.fromkeys(n for n in made if n.op == "call_function" and not reg.is_current_stream(get_stream(n))
+                              and not _on_cpu(n)))
+
+# %% ../nbs/10_backward_streams.ipynb #1444f263
+def _known_to_current(gm: GraphModule, made: list[Node], end: Node) -> set[Node]:
+    "The nodes of `made` that the current stream already waits for before `end` (program order)."
+    reg, vc, seq = get_registry(), VectorClocks(), {}
+    ph = lambda i: "current" if reg.is_current_stream(i) else i
+    for n in gm.graph.nodes:
+        if n is end: break
+        if (op := decode(n, gm)) is not None: vc.apply(op, ph)
+        elif n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n):
+            seq[n] = vc.launch(ph(get_stream(n)))
+    return {w for w in made if w in seq and vc.known(ph(get_stream(w)), seq[w], "current")}
+
+# %% ../nbs/10_backward_streams.ipynb #f9f0febd
+def join_write_backs(gm: GraphModule) -> list[Node]:
+    """Correction 31: per side stream that makes a write-back (`_write_back_makers`) not yet joined, one `record_event`
+    after its last such node and one `wait_event` on the current stream where the forward ends (the first backward
+    node after them, else the output), both `must_be_in_forward`; the nodes inserted."""
+    check_graph_module(gm)
+    made = _write_back_makers(gm)
+    if not made: return []
+    nodes = list(gm.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    end = next((n for n in nodes[max(map(pos.get, made)) + 1:] if is_bwd_node(n)),
+               gm.graph.output_node())
+    done, last = _known_to_current(gm, made, end), {}
+    for w in sorted(made, key=pos.get):
+        if w not in done: last[get_stream(w)] = w
+    inserted = []
+    for s, w in last.items():
+        e = new_event()
+        with gm.graph.inserting_after(w): rec = gm.graph.call_function(streams.record_event.default, (e, s))
+        with gm.graph.inserting_before(end):
+            wait = gm.graph.call_function(streams.wait_event.default, (e, get_current_stream(get_device(w))))
+        for n in (rec, wait): n.meta["partitioner_tag"] = "must_be_in_forward"
+        inserted += [rec, wait]
+    return inserted
+
+
 # %% ../nbs/10_backward_streams.ipynb #974e0427
 class SeedEpilogue:
     "The seed's placement of an epilogue copy; `CorrectedEpilogue` overrides what the corrections change."
     def place(self, gm: GraphModule, copy: Node) -> None:
         "Place `copy`, once it has its stream: the seed leaves it where it is."
+    def join(self, gm: GraphModule) -> None:
+        "Join the streams that made the graph's write-backs to the current stream: the seed does not."
+
 
 # %% ../nbs/10_backward_streams.ipynb #a5361c0f
 class CorrectedEpilogue(SeedEpilogue):
@@ -196,6 +274,17 @@ class CorrectedEpilogue(SeedEpilogue):
         "Move the making of `copy`'s source above a barrier that orders a disjoint earlier mutation (`_hoist_disjoint`)."
         _hoist_disjoint(gm, copy)
 
+    @correction(31, "10_backward_streams", "an input or buffer updated in place on a side stream with no event after "
+                "the update (an EMA of the weights, running statistics, a cache): the graph returns the new value, made "
+                "on the side stream, and AOTAutograd's epilogue copies it into the input on the current stream after the "
+                "graph with no wait (`unjoined_output`), where eager PyTorch updates it on the side stream and does not race",
+                "each side stream that last made a write-back (an output `meta['streamnb_write_backs']` names: `capture` "
+                "and the switch set it from AOTAutograd's metadata) gets one record after its last such node and one "
+                "wait on the current stream where the forward ends (`join_write_backs`)")
+    def join(self, gm: GraphModule) -> None:
+        "Join the write-backs' streams to the current stream at the forward's end (`join_write_backs`)."
+        join_write_backs(gm)
+
 # %% ../nbs/10_backward_streams.ipynb #605bc25e
 @stream_pass("assign_epilogue_copy_streams", need_val=_epilogue_val_readers)
 def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> None:
@@ -207,6 +296,8 @@ def assign_epilogue_copy_streams(gm: GraphModule, *, upstream: bool = False) -> 
         if get_stream(epi_copy.args[1]) != get_stream(epi_copy):
             set_stream(epi_copy, get_stream_or_current_stream(epi_copy.args[1]))
         p.place(gm, epi_copy)
+    p.join(gm)   # by default: the write-backs' streams joined to the current stream (correction 31)
+
 
 # %% ../nbs/10_backward_streams.ipynb #57dea6fe
 class UnorderableWriteBackError(StreamnbError, RuntimeError):
@@ -214,19 +305,18 @@ class UnorderableWriteBackError(StreamnbError, RuntimeError):
     `UnsupportedMutationAliasingException` there)."""
 
 # %% ../nbs/10_backward_streams.ipynb #ebb670c9
-def _on_cpu(n: Node) -> bool:
-    "Is `n`'s value on the CPU (where a stream runs in host order)? Unknown devices count as not."
-    try: return get_device(n).type == "cpu"
-    except Exception: return False
-
 def _sync_name(gm: GraphModule, n: Node) -> str:
     "`n`'s name, with the sync it wraps if it is a `control_deps` node (chapter 13)."
     return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
 
 # %% ../nbs/10_backward_streams.ipynb #24035944
 def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
-    "Refuse input `i`'s write-back by the runtime wrapper if a forward barrier after its new value `new` joins its stream."
-    cap = _first_capture(gm, {new}, get_stream(new), records=True)
+    """Refuse input `i`'s write-back by the runtime wrapper if a forward barrier of the program's after its new value `new`
+    joins its stream (not one the passes inserted, when `gm.meta[PROGRAM_EVENTS]` says which events are the program's:
+    correction 24's forward syncs and 31's joins order the copy after the graph, and no program relies on them)."""
+    program = gm.meta.get(PROGRAM_EVENTS)   # (when known) the passes' own syncs are no barrier the program wrote
+    skip = frozenset() if program is None else frozenset(events_of(gm) - set(program))
+    cap = _first_capture(gm, {new}, get_stream(new), records=True, skip=skip)
     if cap is None or is_bwd_node(cap) or _on_cpu(new): return
     raise UnorderableWriteBackError(
         f"node {_sync_name(gm, cap)}: input {i} is mutated (its new value {new.name}, on stream {get_stream(new)}) and written "

@@ -24,9 +24,8 @@ from .minsync import run_passes_fewest_syncs
 from .choosing import assign_streams
 
 # %% auto #0
-__all__ = ['IOS_SOURCE', 'IOS_V100', 'IOS_MODELS', 'conv', 'relu_sep', 'relu_conv', 'Fire', 'SqueezeNetBypass', 'ws_dag',
-           'RandStage', 'RandWireLarge', 'sep_branch', 'NasCell', 'NASNetLarge', 'load_torchvision', 'inference_graph',
-           'engine_view', 'Prediction', 'predict', 'kendall_tau', 'mean_relative_error', 'capture_ios_model', 'compare']
+__all__ = ['IOS_SOURCE', 'IOS_V100', 'IOS_MODELS', 'inference_graph', 'engine_view', 'Prediction', 'predict', 'kendall_tau',
+           'mean_relative_error', 'capture_ios_model', 'compare']
 
 # %% ../nbs/22_calibration.ipynb #7c1758c6
 IOS_SOURCE = ("https://github.com/mit-han-lab/inter-operator-scheduler (README, 'Comparison of Different Schedules'; "

@@ -26,6 +26,7 @@ from .cpustreams import RunResult, cpu_streams, run_graph
 from .tracing import (CaptureError, NoGradError, TraceError, _cause, _trace_joint, graph_streams, on_device,
                               tag_custom_backward)
 from .partitioning import PARTITIONERS, add_control_deps_vals, partition
+from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of
 
 
 # %% auto #0
@@ -55,9 +56,12 @@ class Capture:
     frontend: str = "aot"              # the frontend that traced it ("aot" or "dynamo")
     custom_backward: frozenset = frozenset()   # the names of the nodes of custom autograd.Function backwards (dynamo)
     program_streams: frozenset = frozenset()   # the stream indices of the program's stream objects (dynamo's table)
+    write_backs: dict = dataclasses.field(default_factory=dict)   # forward output -> the input or buffer it updates
 
     @property
-    def module(self) -> nn.Module | None: return self.fn if isinstance(self.fn, nn.Module) else None
+    def module(self) -> nn.Module | None:
+        "The captured `nn.Module`, or None for a function."
+        return self.fn if isinstance(self.fn, nn.Module) else None
 
     @property
     def owned_streams(self) -> frozenset:
@@ -210,27 +214,27 @@ def capture(fn_or_module: Callable, *example_inputs: torch.Tensor, frontend: str
                                "bind other arguments first (functools.partial or a closure)")
     params = dict(fn.named_parameters()) if isinstance(fn, nn.Module) else {}
     buffers = dict(fn.named_buffers()) if isinstance(fn, nn.Module) else {}
-    flat = [*params.values(), *buffers.values(), *example_inputs]
+    flat = [*params.values(), *map(_kept, buffers.values()), *map(_kept, example_inputs)]
     spec_box = [None]
     flat_fn = _flat_fn(fn, list(params), list(buffers), spec_box)
     with _saved_tensors_hooks_refused(name): got, used = _traced(flat_fn, flat, frontend, name)
     if "inference" in got: return _forward_only(fn, name, got, used, params, buffers, example_inputs, spec_box[0], device)
     joint, meta = got["joint"], got["fw_metadata"]
     custom = tag_custom_backward(joint) if used == "dynamo" else []   # a custom autograd.Function's backward: its tags
-    if meta.num_mutated_inp_runtime_indices or got["num_fwd_outputs"] != len(meta.output_info):
-        raise CaptureError(f"{name} mutates an input or buffer (e.g. BatchNorm's running stats in training mode): "
-                           "not supported; use .eval() for such layers or avoid in-place updates of inputs")
+    write_backs = _write_backs(name, meta, got["order"], [*params, *buffers], got["num_fwd_outputs"])
     streams = graph_streams(joint)
     on_device(joint, device)
     notes = _stream_notes(name, joint, streams) + got.get("dynamo_notes", [])   # and what only dynamo's graph showed
+    joint.meta.update({WRITE_BACKS: list(write_backs), PROGRAM_EVENTS: events_of(joint)})   # for chapter 10's passes
     fw, bw = partition(joint, got["joint_inputs"], got["num_fwd_outputs"])
+    fw.meta.update(joint.meta)
     # index 0 is the current stream: for `annotate` regions by streamnb's convention, for dynamo by its own
     return Capture(joint=joint, forward=fw, backward=bw, fn=fn, param_names=list(params), buffer_names=list(buffers),
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=spec_box[0],
                    num_fwd_outputs=got["num_fwd_outputs"], joint_inputs=got["joint_inputs"], fw_metadata=meta,
                    streams=streams, notes=notes, primal_order=got["order"], current_stream=0, frontend=used,
                    custom_backward=frozenset(n.name for n in custom),
-                   program_streams=frozenset(got.get("program_streams", ())))
+                   program_streams=frozenset(got.get("program_streams", ())), write_backs=write_backs)
 
 # %% ../nbs/16c_capture.ipynb #d2018dd3
 def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, buffers: dict, example_inputs, out_spec,
@@ -239,9 +243,8 @@ def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, b
     inference graph, which is the forward; there is no backward graph, so the backward passes do not apply."""
     fw, meta = got["inference"], got["fw_metadata"]
     outs = pytree.tree_leaves(fw.graph.output_node().args[0])
-    if meta.num_mutated_inp_runtime_indices or len(outs) != len(meta.output_info):
-        raise CaptureError(f"{name} mutates an input or buffer (e.g. a cache written in place): not supported; "
-                           "return the new value instead of updating an input in place")
+    write_backs = _write_backs(name, meta, got["order"], [*params, *buffers], len(outs))
+    fw.meta.update({WRITE_BACKS: list(write_backs), PROGRAM_EVENTS: events_of(fw)})   # for chapter 10's passes
     streams = graph_streams(fw)
     on_device(fw, device)
     why = ("grad mode is off: torch.no_grad or torch.inference_mode" if not torch.is_grad_enabled() else
@@ -253,8 +256,33 @@ def _forward_only(fn: Callable, name: str, got: dict, used: str, params: dict, b
     return Capture(joint=fw, forward=fw, backward=None, fn=fn, param_names=list(params), buffer_names=list(buffers),
                    requires_grad=[x.requires_grad for x in example_inputs], out_spec=out_spec, num_fwd_outputs=len(outs),
                    joint_inputs=None, fw_metadata=meta, streams=streams, notes=notes, primal_order=got["order"],
-                   current_stream=0, frontend=used, program_streams=frozenset(got.get("program_streams", ())))
+                   current_stream=0, frontend=used, program_streams=frozenset(got.get("program_streams", ())),
+                   write_backs=write_backs)
 
+
+# %% ../nbs/16c_capture.ipynb #b79b2005
+def _kept(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` to trace with (dynamo runs the program once: it must not update the caller's tensors in place),
+    with what `torch._dynamo.mark_dynamic` and its kin set on `t`."""
+    c = t.detach().clone().requires_grad_(t.requires_grad)
+    c.__dict__.update({k: v for k, v in t.__dict__.items() if k.startswith("_dynamo_")})
+    return c
+
+# %% ../nbs/16c_capture.ipynb #7ed71bbc
+def _write_backs(name: str, meta: Any, order: list[int], state_names: list[str], num_outputs: int) -> dict[int, str]:
+    """The forward's outputs that AOTAutograd's epilogue copies back into an input or a buffer updated in place, as
+    {output position: its name (a parameter's or buffer's, or `input i`)}: its first outputs, one per data mutation.
+    A change of an input's shape or strides in place, or an output that is an alias of an intermediate, is refused."""
+    runtime, info = meta.mutated_inp_runtime_indices, meta.input_info
+    if any(info[i].mutates_metadata or not info[i].mutates_data for i in runtime):
+        raise CaptureError(f"{name} changes the shape or strides of an input or buffer in place (resize_, t_, "
+                           "as_strided_): not supported; update its values in place (copy_, mul_, index_put_), or return "
+                           "the new tensor")
+    if num_outputs != len(runtime) + len(meta.output_info):
+        raise CaptureError(f"{name} returns views of a tensor it makes (AOTAutograd adds their base as an output): not "
+                           "supported with in-place updates of inputs; return the tensors themselves (.clone())")
+    where = lambda f: state_names[f] if f < len(state_names) else f"input {f - len(state_names)}"
+    return {k: where(order[i]) for k, i in enumerate(runtime)}
 
 # %% ../nbs/16c_capture.ipynb #5b9789c5
 def _process(self: Capture, upstream: bool = False, partitioner: str = "default", registry: StreamRegistry | None = None,
@@ -338,6 +366,18 @@ def _execute(executor: Callable, gm: GraphModule, args: list) -> list:
                            "an executor returns a list with one value per graph output (see run_graph)")
     return out
 
+# %% ../nbs/16c_capture.ipynb #f0f76b91
+def _split_written(self: Capture, outs: list) -> tuple[dict, list]:
+    "The forward's outputs `outs` as (the write-backs' new values by name, the program's outputs)."
+    k = len(self.write_backs)
+    return dict(zip(self.write_backs.values(), outs[:k])), list(outs[k:])
+
+# %% ../nbs/16c_capture.ipynb #a6309d55
+def _with_written(result: RunResult, written: dict) -> RunResult:
+    "`result` with `.written`: the new value of each input or buffer the program updates in place, by name."
+    result.written = written
+    return result
+
 # %% ../nbs/16c_capture.ipynb #a7ad36cc
 def _run_forward_only(self: Capture, inputs, grad_outputs, executor: Callable) -> RunResult:
     "`Capture.run` of a forward-only capture: the forward alone; no grads (asking for them is a `NoGradError`)."
@@ -345,7 +385,9 @@ def _run_forward_only(self: Capture, inputs, grad_outputs, executor: Callable) -
         raise NoGradError("this capture is forward only (the program has no gradient), so run computes no grads: "
                           "drop grad_outputs, or capture the program with an input that requires grad and grad mode on")
     outs = _execute(executor, self.forward, _primals(self, inputs))
-    return RunResult(pytree.tree_unflatten(outs, self.out_spec), (None,) * len(inputs), dict.fromkeys(self.param_names))
+    written, outs = _split_written(self, outs)
+    return _with_written(RunResult(pytree.tree_unflatten(outs, self.out_spec), (None,) * len(inputs),
+                                   dict.fromkeys(self.param_names)), written)
 
 
 # %% ../nbs/16c_capture.ipynb #c3cc9280
@@ -357,6 +399,7 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Call
     primals = _primals(self, inputs)
     fw_out = _execute(executor, self.forward, primals)
     outs, saved = fw_out[:self.num_fwd_outputs], fw_out[self.num_fwd_outputs:]
+    written, outs = _split_written(self, outs)   # AOTAutograd's epilogue would copy these back: reported, not applied
     saved_by_name = {n.name: v for n, v in zip(pytree.tree_leaves(self.forward.graph.output_node().args[0])[self.num_fwd_outputs:], saved)}
     wants = [i for i, info in enumerate(self.fw_metadata.output_info) if info.requires_grad]
     if grad_outputs is None: grad_outputs = [torch.ones_like(o) for o in outs]
@@ -370,19 +413,18 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Call
     for j, g in zip(self.primal_order, _execute(executor, self.backward, bw_in)): flat_grads[j] = g
     grads, k = flat_grads, len(self.param_names) + len(self.buffer_names)
     out = pytree.tree_unflatten(outs, self.out_spec)
-    return RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)])))
+    return _with_written(RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)]))),
+                         written)
 Capture.run = _run
 
-_NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event that cpu_streams() does not stand in for (the "
-                 "device-generic API, made outside the with block or as torch.Stream()/torch.Event()), and a CPU has no "
-                 "events: on a machine without an accelerator write torch.cuda.Stream(), torch.cuda.Event() and "
-                 "torch.cuda.current_stream(), which cpu_streams() replaces, or run it where there is a GPU")
+_NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event made outside cpu_streams()'s stand-ins (a real CPU "
+                 "stream: a CPU has no events): make the module, its streams and events inside `with "
+                 "streamnb.cpu_streams():` (torch.Stream(), torch.Event() and the torch.cuda ones are stand-ins there), "
+                 "or run it where there is a GPU")
 
 # %% ../nbs/16c_capture.ipynb #2b599620
-def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
-    """Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with); no grads
-    (all None) where the program has no gradient."""
-    inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+def _eager_run(fn_or_module: Callable, inputs: list, grad_outputs=None) -> RunResult:
+    "`eager` on `inputs` (detached from the caller's)."
     with cpu_streams(eager=True):           # stream objects run on a CPU as one stream (nothing where there is a GPU)
         try: out = fn_or_module(*inputs)
         except RuntimeError as e:           # a torch.Stream/torch.Event made outside the stand-ins (in __init__, say)
@@ -400,6 +442,31 @@ def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> R
     grads = tuple(next(gs) if x.requires_grad else None for x in inputs)
     pg = {n: (next(gs) if p.requires_grad else None) for n, p in params.items()}
     return RunResult(pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out), grads, pg)
+
+# %% ../nbs/16c_capture.ipynb #d8e3eb33
+@contextlib.contextmanager
+def _updates_undone(fn: Callable, inputs: list, written: dict):
+    """Run the block; then put each of `fn`'s parameters and buffers and `inputs` that it updated in place (its version
+    counter moved, or its values: BatchNorm's kernel updates its running statistics without a version bump) back as
+    it was, its new value in `written` by name (`input i` for an input)."""
+    named = [*fn.named_parameters(), *fn.named_buffers()] if isinstance(fn, nn.Module) else []
+    named += [(f"input {i}", x) for i, x in enumerate(inputs)]
+    before = {n: (t._version, t.detach().clone()) for n, t in named}
+    try: yield
+    finally:
+        for n, t in named:
+            if t._version == before[n][0] and torch.equal(t.detach(), before[n][1]): continue
+            written[n] = t.detach().clone()
+            with torch.no_grad(): t.copy_(before[n][1])
+
+# %% ../nbs/16c_capture.ipynb #a22aad16
+def eager(fn_or_module: Callable, *inputs: torch.Tensor, grad_outputs=None) -> RunResult:
+    """Eager PyTorch's outputs and grads, in the same shape as `Capture.run`'s (the reference to compare with); no grads
+    (all None) where the program has no gradient. What it updates in place (a buffer, an input) is put back as it was,
+    its new value in `.written` by name, as `Capture.run` reports the write-backs."""
+    inputs, written = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs], {}
+    with _updates_undone(fn_or_module, inputs, written): result = _eager_run(fn_or_module, inputs, grad_outputs)
+    return _with_written(result, written)
 
 # %% ../nbs/16c_capture.ipynb #96163a10
 def _eager(self: Capture, *inputs, grad_outputs=None) -> RunResult:

@@ -15,9 +15,8 @@ import torch.nn as nn
 from torch.fx import GraphModule
 
 # %% auto #0
-__all__ = ['FULL_JUDGE_MAX', 'STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_streams', 'SmallExperts',
-           'DeepNarrow', 'table_models', 'table_graphs', 'cross_stream_edges', 'lower_bound', 'Row', 'judge_one',
-           'judge', 'format_table', 'process_capture', 'MoEBlock', 'without_syncs']
+__all__ = ['FULL_JUDGE_MAX', 'STRATEGIES', 'streamnb_choice', 'side_stream_indices', 'assign_streams', 'cross_stream_edges',
+           'lower_bound', 'Row', 'judge_one', 'judge', 'format_table', 'process_capture', 'without_syncs']
 
 # %% ../nbs/21b_choosing_streams.ipynb #4dfe635a
 from .graph import check_graph_module, transaction, validate

@@ -16,14 +16,14 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module, get_stream
 from .graph import PIPELINE_ORDER, StreamnbError, StreamRegistry, canonical, correction, is_bwd_node, use_registry
 from .streamops import decode, indices_in_use, mark_forward_ready, reserve_indices_in_use
 from .pipeline import STREAM_PASSES, run_pass, sync_forward
 from .cpustreams import run_graph
-from .tracing import dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
+from .tracing import FakeTensor, dynamo_notes, dynamo_tables_saved, restore_dynamo_tables, tag_custom_backward
+from .torchprivate import need
 from .partitioning import add_control_deps_vals, forward_deps_of_backward_syncs, partition_cause
 from torch.fx import Node
 from .streamops import count_syncs
@@ -34,13 +34,15 @@ from .simulator import Timeline, simulate
 from dataclasses import dataclass, field
 import operator
 from .graph import is_control_deps
+import sys
+from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of, write_back_outputs
 
 # %% auto #0
 __all__ = ['CALL_SITES', 'TORCH_CALLS', 'CHECKS', 'UnsupportedTorchError', 'check_call_sites', 'dynamo_new_event',
            'dynamo_current_stream', 'DynamoRegistry', 'traced_current_stream', 'renumber_streams',
-           'register_annotated_streams', 'values_on', 'CPUValuesWarning', 'judging_registry', 'StreamRaceWarning',
-           'CompiledRaceError', 'use_streamnb_passes', 'CompileFailure', 'diagnose', 'executor_backend',
-           'canonical_modulo_inputs', 'CompiledExplanation', 'explain_compiled']
+           'register_annotated_streams', 'values_on', 'CPUValuesWarning', 'call_site_metadata', 'judging_registry',
+           'StreamRaceWarning', 'CompiledRaceError', 'use_streamnb_passes', 'CompileFailure', 'diagnose',
+           'executor_backend', 'canonical_modulo_inputs', 'CompiledExplanation', 'explain_compiled']
 
 # %% ../nbs/20_compile.ipynb #e4dfec3e
 class UnsupportedTorchError(StreamnbError):
@@ -204,6 +206,20 @@ def _syncable_cpu_values(gm: GraphModule) -> bool:
     return any(isinstance(v, FakeTensor) and v.device.type == "cpu" for n in gm.graph.nodes
                for v in pytree.tree_leaves(n.meta.get("val")))
 
+# %% ../nbs/20_compile.ipynb #73bc31e8
+def call_site_metadata(depth: int = 8) -> object | None:
+    """The `fw_metadata` (AOTAutograd's `ViewAndMutationMeta`) of the call site (`TORCH_CALLS`) that runs the pass now
+    running, read from its frame: the passes before the metadata pass are not handed it, and the write-back pass needs
+    to know which outputs the epilogue copies into inputs (correction 31). None outside such a call."""
+    f = sys._getframe(1)
+    for _ in range(depth):
+        if f is None: return None
+        if f.f_code.co_name in TORCH_CALLS and f.f_globals.get("__name__") == CALL_SITES:
+            return f.f_locals.get("fw_metadata")
+        f = f.f_back
+    return None
+
+
 # %% ../nbs/20_compile.ipynb #d11bc986
 class _use_streamnb_passesPart1:
     "One pass of the switch on one graph: its registry, its renumbered regions, the pass (a part of `use_streamnb_passes`)."
@@ -215,6 +231,8 @@ class _use_streamnb_passesPart1:
             self._memos.append({})                    # its values' conversions for `cpu_as` (one per value, not per pass)
             k = len(self.graphs) - 1
             tag_custom_backward(gm)                   # a custom autograd.Function's backward: its tags
+            gm.meta.update({WRITE_BACKS: write_back_outputs(call_site_metadata()),   # for chapter 10's passes
+                            PROGRAM_EVENTS: events_of(gm)})
             if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
                 self._warned = True
                 warnings.warn(CPUValuesWarning(
@@ -242,6 +260,7 @@ class _use_streamnb_passesPart2:
         return streamnb_pass
 
     def __enter__(self):
+        need("compile_switch")                         # dynamo's internals read below (appendix 91)
         gc = check_call_sites()                       # refuses before anything is patched
         if not self._saved:
             self.graphs, self.registries, self.renumbered, self._memos = [], [], [], []
@@ -407,6 +426,7 @@ def executor_backend(graphs: dict | None = None, executor: Callable = run_graph)
     the graphs go into `graphs`, each with `meta["streamnb_notes"]`: what only dynamo's graph of its frame showed
     (`capturing.dynamo_notes`), for `explain_compiled` to print."""
     from functorch.compile import make_boxed_func
+    need("compile_switch")
     from torch._dynamo.backends.common import aot_autograd
     graphs = {} if graphs is None else graphs
     def backend(frame_gm, frame_inputs):

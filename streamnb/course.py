@@ -121,13 +121,13 @@ def two_consumers() -> GraphModule:
     b = GraphBuilder(shape=(1024, 1024))
     x, w = b.input("x"), b.input("w")
     p = b.op(aten.mm.default, x, w, stream=1, name="p")
-    b.sync(streams.record_event.default, 1, 1)
-    b.sync(streams.wait_event.default, 1, 0)
+    b.sync(streams.record_event.default, 3, 1)   # events 3 and 4: streams and events share torch's one table
+    b.sync(streams.wait_event.default, 3, 0)
     c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-    b.sync(streams.wait_event.default, 1, 2)
+    b.sync(streams.wait_event.default, 3, 2)
     c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-    b.sync(streams.record_event.default, 2, 2)   # c2 is returned: the caller's stream 0 waits for it
-    b.sync(streams.wait_event.default, 2, 0)
+    b.sync(streams.record_event.default, 4, 2)   # c2 is returned: the caller's stream 0 waits for it
+    b.sync(streams.wait_event.default, 4, 0)
     return b.output(c0, c2, p)
 
 # %% ../nbs/13_control_deps.ipynb #daddaf4e
@@ -135,12 +135,15 @@ def control_deps_exercise():
     "Chapter 13's exercise: wrap the syncs of `two_consumers` so that no order of the data edges races."
     return Exercise(title="Pin both consumers",
                     task="Wrap the records and the waits with `wrap_by_hand` so that no order of the data edges races.",
-                    start=two_consumers, solution=lambda gm: two_consumers_solution(gm), reorder=True)
+                    start=two_consumers, solution=lambda gm: two_consumers_solution(gm), reorder=True,
+                    wrap=wrap_by_hand)   # the grade's fixes wrap syncs too
 
 # %% ../nbs/13_control_deps.ipynb #6efcc197
 #| code-fold: true
 def two_consumers_solution(gm: GraphModule) -> GraphModule:
-    "Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait."
+    """Correction 6 by hand: each wait also passes `p` through, so each consumer reads `p` from its own wait. (The
+    seed's deps are right in program order, with the same syncs and makespan; but `c0` and `c2` read `p` from the
+    record's getitem, so a pass may hoist either above its wait.)"""
     check_graph_module(gm)
     return wrap_by_hand(gm, {"record_event_default": ["p"],
                              "wait_event_default": ["record_event_default", "p"],     # p: the record's getitem

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 from torch.fx import GraphModule, Node
 
+from .torchprivate import need
 from .graph import check_graph_module, is_control_deps
 from .streamops import decode
 
@@ -39,12 +40,48 @@ class CPUEvent(torch.Event):
 
 _CURRENT: CPUStream | None = None            # the CPU stand-in for the current stream
 
+# %% ../nbs/16_cpu_streams.ipynb #b6ee9d80
+_TorchStream, _TorchEvent = torch.Stream, torch.Event   # torch's own classes (`cpu_streams` stands in for the names)
+
+class _Like(type):
+    "The stand-ins' metaclass: `isinstance` and `issubclass` answer as for torch's own class (dynamo's checks, the user's)."
+    def __instancecheck__(cls, obj) -> bool: return isinstance(obj, cls.torch_class)
+    def __subclasscheck__(cls, sub) -> bool: return sub is cls or issubclass(sub, cls.torch_class)
+
+class _AnyStream(metaclass=_Like):
+    "`torch.Stream(device, priority=p)` under `cpu_streams`: a `CPUStream` whatever device it names (torch's class while dynamo traces)."
+    torch_class = _TorchStream
+    def __new__(cls, device=None, priority=0, **kwargs):
+        return (_TorchStream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
+
+class _AnyEvent(metaclass=_Like):
+    "`torch.Event(device, ...)` under `cpu_streams`: a `CPUEvent` whatever device it names (torch's class while dynamo traces)."
+    torch_class = _TorchEvent
+    def __new__(cls, device=None, **kwargs):
+        return (_TorchEvent if torch.compiler.is_compiling() else CPUEvent)(device="cpu", **kwargs)
+
+def _build_stream(args: tuple, kwargs: dict):
+    "dynamo's `build_stream` (compiled code remakes a stream made in the graph with the program's arguments) on the CPU."
+    return _TorchStream(device="cpu", priority=kwargs.get("priority", 0))
+
+def _build_event(args: tuple, kwargs: dict):
+    "dynamo's `build_event`, likewise."
+    return _TorchEvent(device="cpu", **{k: v for k, v in kwargs.items() if k != "device"})
+
+def _dynamo_classes() -> set:
+    """The classes whose calls dynamo makes itself (cached the first time it is asked: `cpu_streams` asks before it stands
+    in for torch's names), with the stand-ins added: dynamo makes them at trace time, as it makes torch's, and rebuilds
+    them in compiled code with `build_stream`/`build_event`."""
+    got = importlib.import_module("torch._dynamo.variables.user_defined").UserDefinedClassVariable._in_graph_classes()
+    got.update((_AnyStream, _AnyEvent))
+    return got
+
 # %% ../nbs/16_cpu_streams.ipynb #66a11299
 def _stand_ins() -> tuple:
     "`torch.cuda.Stream`, `torch.Event`, `torch.cuda.Event` and `torch.cuda.stream` as `cpu_streams` replaces them."
     def cuda_stream(device=None, priority=0, **kwargs):   # dynamo traces torch's own class, not a subclass
-        return (torch.Stream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
-    def any_event(device=None, **kwargs): return (torch.Event if torch.compiler.is_compiling() else CPUEvent)(**kwargs)
+        return (_TorchStream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
+    def any_event(device=None, **kwargs): return (_TorchEvent if torch.compiler.is_compiling() else CPUEvent)(**kwargs)
     def cuda_event(enable_timing=False, blocking=False, interprocess=False):
         return any_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
     def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
@@ -57,7 +94,7 @@ def _record_event_method(S) -> Callable:
         if name == "record_event" and not args and not kwargs:   # which a CPU stream cannot make; hand it a new
             from torch._dynamo.graph_bytecode_inputs import register_graph_created_object   # torch.Event to record,
             made = S.EventVariable.make_construct_in_graph_event_fn(S.TupleVariable([]), S.ConstDictVariable({}))
-            event = torch.Event()                    # rebuilt in the compiled code as dynamo rebuilds its own: torch.Event()
+            event = _TorchEvent()                    # rebuilt in the compiled code as dynamo rebuilds its own: torch.Event()
             args = [S.EventVariable(None, event, register_graph_created_object(event, made))]
         return stream_method(self, tx, name, args, kwargs)
     return call_method
@@ -68,8 +105,10 @@ def cpu_streams(eager: bool = False):
     """Trace (or, with `eager=True`, run) programs written with stream objects on a machine without an accelerator, numbered
     as on one: the current stream is index 0; streams and events are `CPUStream`/`CPUEvent`. Does nothing where there is an accelerator."""
     if torch.accelerator.is_available(): yield None; return
+    need("cpu_streams")                      # dynamo's internals patched below (appendix 91)
     import torch._dynamo.variables.streams as S
-    acc = importlib.import_module("torch.accelerator")
+    _dynamo_classes()   # (computed once, with torch's own classes: the stand-ins must not be cached in their place)
+    acc, dynamo_utils = importlib.import_module("torch.accelerator"), importlib.import_module("torch._dynamo.utils")
     global _CURRENT                         # one for the process: dynamo's table holds it weakly, compiled code looks it up later
     if _CURRENT is None: _CURRENT = CPUStream(device="cpu")
     current = _CURRENT
@@ -88,8 +127,9 @@ def cpu_streams(eager: bool = False):
         enter(mock.patch.object(acc, "_get_device_index", lambda device=None, optional=False: 0))
         enter(mock.patch.object(torch._C, "_accelerator_getStream", lambda index: current))
         enter(mock.patch.multiple(torch.cuda, Stream=cuda_stream, Event=cuda_event, stream=stream_context))
-        if eager:   # dynamo must see torch's own classes and functions (it knows them); an eager run needs these to work
-            enter(mock.patch.multiple(torch, Stream=cuda_stream, Event=any_event))
+        enter(mock.patch.multiple(torch, Stream=_AnyStream, Event=_AnyEvent))   # the device-generic API, on the CPU
+        enter(mock.patch.multiple(dynamo_utils, build_stream=_build_stream, build_event=_build_event))
+        if eager:   # dynamo must see torch's own functions (it knows them); an eager run needs these to work
             enter(mock.patch.multiple(torch.cuda, current_stream=the_current, default_stream=the_current,
                                       synchronize=lambda device=None: None))
             enter(mock.patch.object(torch.accelerator, "synchronize", lambda device=None: None))

@@ -10,7 +10,7 @@ import math
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx
@@ -24,11 +24,44 @@ from .simulator import Timeline
 from .streamops import current_stream_key, decode, physical_stream
 
 # %% auto #0
-__all__ = ['FakeBackend', 'CudaBackend', 'StreamInterpreter', 'run', 'measure', 'TimelineComparison', 'compare_timelines',
-           'run_capture', 'measure_capture']
+__all__ = ['Backend', 'FakeBackend', 'CudaBackend', 'StreamInterpreter', 'run', 'measure', 'TimelineComparison',
+           'compare_timelines', 'run_capture', 'measure_capture']
+
+# %% ../nbs/19_cuda.ipynb #966ea973
+class Backend(Protocol):
+    """What `StreamInterpreter` asks of a device: the one extension point of the executor (`FakeBackend`, `CudaBackend`).
+    Streams and events are the backend's own objects; the executor maps the graph's indices onto them."""
+    def current_stream(self) -> Any:
+        "The caller's current stream: where the inputs were made and the outputs are read."
+    def new_stream(self, index: int) -> Any:
+        "A new side stream for the graph's stream `index` (made on its first use, owned by the run)."
+    def new_event(self, index: int) -> Any:
+        "A new event for the graph's event `index` (made on its first record, owned by the run)."
+    def on_stream(self, stream, name: str) -> contextlib.AbstractContextManager:
+        "A context in which node `name`'s op is launched with `stream` current."
+    def record(self, event, stream) -> None:
+        "Record `event` on `stream`."
+    def wait(self, event, stream) -> None:
+        "Make `stream` wait for `event` (recorded before)."
+    def wait_stream(self, waiting, waited_on) -> None:
+        "Make `waiting` wait for the work queued on `waited_on` so far."
+    def synchronize_event(self, event) -> None:
+        "Block the host until `event` has completed."
+    def synchronize_stream(self, stream) -> None:
+        "Block the host until `stream`'s queued work has completed."
+    def synchronize_device(self, device_type: str, index: int) -> None:
+        "Block the host until all work on the device has completed."
+    def record_stream(self, tensor, stream, name: str) -> None:
+        "Tell the allocator that `tensor` (node `name`) is used on `stream` (`Tensor.record_stream`)."
+    def mark(self, stream) -> Any:
+        "A timing mark on `stream`, taken when the work queued before it runs."
+    def elapsed_ms(self, start, end) -> float:
+        "Milliseconds between two marks."
+    def finish(self) -> None:
+        "Wait for all the run's work (before the marks are read)."
 
 # %% ../nbs/19_cuda.ipynb #336d7804
-class FakeBackend:
+class FakeBackend(Backend):
     "A CPU stand-in for `CudaBackend`: runs ops at once on the host and logs every stream operation as a tuple."
     def __init__(self):
         self.log: list[tuple] = []
@@ -51,7 +84,7 @@ class FakeBackend:
     def finish(self): pass
 
 # %% ../nbs/19_cuda.ipynb #d3bbeb0b
-class CudaBackend:
+class CudaBackend(Backend):
     "Streams and events of one CUDA device."
     def __init__(self, device: torch.device | str | int | None = None):
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)

@@ -5,26 +5,30 @@
 # %% ../nbs/08_exercises.ipynb #df165e2e
 from __future__ import annotations
 
+import copy
 import operator
+import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import check_graph_module, get_stream
+from .graph import check_graph_module, get_stream, set_stream
 from .graph import StreamnbError, is_control_deps, streams
-from .streamops import StreamOp, count_syncs, decode
+from .streamops import OPS, StreamOp, StreamOpError, check_stream_ops, count_syncs, decode, indices_in_use
+from .streamops import current_stream_key
+from .graph import get_registry
 from .simulator import simulate
 from .cost import calibrated
 from .sanitizer import Report, Finding, _sname, sanitize
 
 # %% auto #0
 __all__ = ['node', 'insert', 'move', 'remove', 'compute_nodes', 'source', 'reads', 'work_problems', 'host_syncs',
-           'host_cost_makespans', 'host_problems', 'in_words', 'makespan_us', 'sync_problems', 'free_problems',
-           'slow_problems', 'Grade', 'Exercise', 'check']
+           'host_cost_makespans', 'host_problems', 'misplaced', 'in_words', 'makespan_us', 'sync_problems',
+           'free_problems', 'slow_problems', 'Grade', 'Exercise', 'check', 'Edit', 'repair']
 
 # %% ../nbs/08_exercises.ipynb #381bb5bb
 #| code-fold: true
@@ -168,6 +172,9 @@ def _gpu_fix(gm: GraphModule, at: Node) -> str:
         for p in dict.fromkeys(source(a) for a in c.all_input_nodes):
             if p in before and p in comp and get_stream(p) != get_stream(c):
                 waits.setdefault(p, {}).setdefault(get_stream(c), c)   # the first consumer on each stream
+    cur, out = current_stream_key(get_registry()), _output(gm)   # the caller reads the outputs on its current stream
+    for p in dict.fromkeys(source(a) for a in (out.all_input_nodes if out is not None else ())):
+        if p in before and p in comp and get_stream(p) not in (None, cur): waits.setdefault(p, {}).setdefault(cur, out)
     if not waits: return "remove it: no node after it reads a value made on another stream before it"
     return "remove it and let the streams wait instead of the CPU: " + "; ".join(
         f"record_event(e, {get_stream(p)}) after {p.name}, then " +
@@ -183,8 +190,8 @@ def host_cost_makespans(best: GraphModule, answer: GraphModule, cost=None) -> tu
 def _with_host_costs(a: float, b: float) -> str:
     "The answer's and the worked solution's makespans with a GPU's host costs (a host sync wakes the host late), in words."
     spec = calibrated("H100")
-    return (f" With a GPU's host costs ({spec.host_issue_us:g} µs to issue a kernel, {spec.host_wake_us:g} µs to wake "
-            f"the host after a host sync: calibrated('H100'), chapter 22) this answer takes {a:.4g} µs, the worked "
+    return (f" With a GPU's host costs ({spec.host_issue_us:g} µs to issue a kernel, {spec.host_op_us:g} a stream "
+            f"op, {spec.host_wake_us:g} to wake the host after a host sync: calibrated('H100'), chapter 22) this answer takes {a:.4g} µs, the worked "
             f"solution {b:.4g} µs.")
 
 # %% ../nbs/08_exercises.ipynb #4fc9a5a6
@@ -204,13 +211,43 @@ def host_problems(best: GraphModule, answer: GraphModule, cost=None,
     tail = _with_host_costs(*(makespans or host_cost_makespans(best, answer, cost)))
     return [p + tail for p in out]
 
+# %% ../nbs/08_exercises.ipynb #d7da16c1
+def misplaced(gm: GraphModule, e: Finding) -> str:
+    """For a race (`e`): a wait between the producer and the consumer that is there but orders the wrong thing, in words
+    (its event recorded on another stream or before the producer, or the right event waited for on another stream)."""
+    check_graph_module(gm)
+    (a, b), (sa, sb) = tuple(e.nodes)[:2], tuple(e.streams)[:2]
+    recs, seen, out = {}, None, []
+    used_on = {get_stream(m) for m in compute_nodes(gm) if any(source(x).name == b for x in m.all_input_nodes)}
+    for n in gm.graph.nodes:
+        if n.name == a: break
+        if n.name == b: seen = n; continue
+        if (op := decode(n, gm)) is None: continue
+        if op.kind == "record_event": recs[op.event] = (n.name, op.stream, seen is not None)
+        elif op.kind == "wait_event" and seen is not None and op.event in recs:
+            r, rs, after = recs[op.event]
+            if op.stream == sa and rs != sb:
+                out.append(f"{n.name} waits for event {op.event}, recorded by {r} on {_sname(rs)}, not on {_sname(sb)}")
+            elif op.stream == sa and not after:
+                out.append(f"{n.name} waits for event {op.event}, recorded by {r} before {b}: it marks {_sname(sb)}'s "
+                           f"work before {b}")
+            elif op.stream != sa and op.stream not in used_on and rs == sb and after:   # a wait nothing there needs
+                out.append(f"{n.name} waits for event {op.event} (recorded after {b}) on {_sname(op.stream)}, not on "
+                           f"{_sname(sa)}, where {a} runs")
+    return "".join(f" (a wrong sync: {w})" for w in out[:1])
+
 # %% ../nbs/08_exercises.ipynb #eeccd464
-def in_words(e: Finding) -> str:
-    "A sanitizer error in one sentence: the nodes, the streams, what can go wrong."
+def in_words(e: Finding, gm: GraphModule | None = None) -> str:
+    """A sanitizer error in one sentence: the nodes, the streams, what can go wrong (and, given the graph `gm`, the
+    sync that is there but wrong: `misplaced`)."""
     (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
+    if e.kind == "race" and gm is not None and any(n.name == b and n.op == "placeholder" for n in gm.graph.nodes):
+        return (f"race on {e.tensor}: {a} ({_sname(sa)}) uses the input {b}, which the caller made on {_sname(sb)}, and "
+                f"nothing makes {_sname(sa)} wait for it: the missing wait. Fix: make {_sname(sa)} wait for {_sname(sb)} "
+                f"before {a} (`s.wait_stream(torch.cuda.current_stream())`: wait_stream({sa}, {sb}))")
     if e.kind == "race":
         return (f"race on {e.tensor}: {a} ({_sname(sa)}) and {b} ({_sname(sb)}) may run at the same time; "
-                f"nothing makes {_sname(sa)} wait for {b}. Fix: record an event on {_sname(sb)} after {b} and wait "
+                f"nothing makes {_sname(sa)} wait for {b}{misplaced(gm, e) if gm is not None else ''}. Fix: record an event on {_sname(sb)} after {b} and wait "
                 f"for it on {_sname(sa)} before {a}")
     if e.kind == "unsafe_reuse":
         return (f"unsafe reuse: {e.tensor}'s memory goes back to {_sname(sb)}'s pool after {b} while {a} "
@@ -225,6 +262,12 @@ def in_words(e: Finding) -> str:
     if e.kind == "wait_without_record":
         return (f"{a} waits on an event that no record_event before it records: the wait orders nothing. Fix: record "
                 f"the event after the producer, before {a}")
+    if e.kind == "reorderable" and gm is not None and any(is_control_deps(n) for n in gm.graph.nodes):
+        why = e.message.rstrip(".").rsplit(": ", 1)[-1]
+        return (f"reorder hazard on {e.tensor}: {a} and {b} are ordered only by program order, not by data edges, so a "
+                f"pass may reorder them ({why}). The syncs are wrapped, but {a} reads {e.tensor} around its wait. Fix: "
+                f"thread {e.tensor} through the wait before {a} (wrap that wait with {e.tensor} among its deps, so that "
+                f"{a} reads {e.tensor} from it: correction 6, chapter 13)")
     if e.kind == "reorderable":
         why = e.message.rstrip(".").rsplit(": ", 1)[-1]
         return (f"reorder hazard on {e.tensor}: {a} and {b} are ordered only by program order, not by data edges, so a "
@@ -357,6 +400,8 @@ class Grade:
     best_makespan_us: float
     report: Report | None = None      # the sanitizer's full report on the answer
     host_costs_us: tuple[float, float] | None = None   # (answer, best) with a GPU's host costs, if either has a host sync
+    fixes: list = field(default_factory=list)   # the `Edit`s that make the answer correct, in order (`repair`)
+    fixed: bool = True                # False: the fixes stop where none can be made mechanically
     @property
     def ok(self) -> bool: return not self.problems
     def __str__(self):
@@ -366,41 +411,54 @@ class Grade:
         if self.host_costs_us:   # the ideal device's makespan is blind to a blocked host: say what a GPU's would be
             line += (f" with no host costs; {self.host_costs_us[0]:.4g} µs (best {self.host_costs_us[1]:.4g} µs) with "
                      "a GPU's (calibrated('H100'))")
-        return "\n".join([head, *(f"  ✗ {p}" for p in self.problems), line])
+        todo = ["  fix, in order (`gm` is your answer):", *(f"    {e}" for e in self.fixes)] if self.fixes else []
+        if not self.fixed: todo.append("    (then no fix can be made mechanically: see the problems above)")
+        return "\n".join([head, *(f"  ✗ {p}" for p in self.problems), *todo, line])
     __repr__ = __str__
+    def without_fixes(self) -> str:
+        "The grade with the problems only: what is wrong, not how to mend it (for an attempt shown before the question)."
+        cut = lambda p: re.split(r"(?:\. |; )[Ff]ix: ", p)[0].rstrip(".") + "."
+        return "\n".join([str(self).splitlines()[0], *(f"  ✗ {cut(p)}" for p in self.problems)])
 
 # %% ../nbs/08_exercises.ipynb #33a2a199
 @dataclass
 class Exercise:
     """A graph (`start()` makes a fresh one), a `task`, and the worked `solution` (takes `start()`, returns the answer
-    graph). `reorder=True` also judges orderings a pass could undo; `cost` is `simulate`'s."""
+    graph). `reorder=True` also judges orderings a pass could undo; `cost` is `simulate`'s; `inputs_ready` is `sanitize`'s
+    (`"made"` for a whole program: its inputs come from the caller's stream); `wrap` (`wrap_by_hand`, chapter 13) lets
+    the fixes wrap syncs in `control_deps`."""
     title: str
     task: str
     start: Callable[[], GraphModule]
     solution: Callable[[GraphModule], GraphModule | None]
     reorder: bool = False
     cost: Callable | Mapping | None = None
+    inputs_ready: str = "everywhere"
+    wrap: Callable | None = None
     def best(self) -> GraphModule:
         "The worked solution, on a fresh start graph."
         gm = self.start(); out = self.solution(gm)
         return gm if out is None else out
-    def check(self, answer: GraphModule) -> Grade: return check(self, answer)
+    def check(self, answer: GraphModule, fixes: bool = True) -> Grade: return check(self, answer, fixes)
     def __str__(self): return f"Exercise: {self.title}\n{self.task}"
 
 # %% ../nbs/08_exercises.ipynb #020eac38
+def _sanitize(ex: Exercise, gm: GraphModule) -> Report:
+    check_stream_ops(gm, one_table=True)   # a graph torch could run: no index both an event and a stream
+    return sanitize(gm, reorder=ex.reorder, inputs_ready=ex.inputs_ready)
+
 def _sanitized(ex: Exercise, answer: GraphModule) -> tuple[list, Report | None]:
-    try: rep = sanitize(answer, reorder=ex.reorder)
+    try: rep = _sanitize(ex, answer)
     except StreamnbError as e: return [f"the sanitizer cannot read the answer: {e}. Fix: correct or remove the node it names"], None
-    return [in_words(e) for e in rep.errors], rep
+    return [in_words(e, answer) for e in rep.errors], rep
 
 def _timed(gm: GraphModule, cost, problems: list) -> float:
     try: return makespan_us(gm, cost)
     except StreamnbError as e:
         problems.append(f"the answer cannot be simulated: {e}. Fix: correct or remove the node it names"); return float("nan")
 
-def check(ex: Exercise, answer: GraphModule) -> Grade:
-    """Grade `answer` for `ex` against the worked solution: its host syncs, its work (op, inputs, stream per node), the
-    sanitizer's errors, its syncs, its frees and its makespan; each problem names the node and the fix."""
+def _grade(ex: Exercise, answer: GraphModule) -> Grade:
+    "`check` without the fixes."
     if not isinstance(answer, GraphModule): raise StreamnbError(f"check needs a GraphModule, not {type(answer).__name__}")
     best = ex.best()
     try: hosts = host_cost_makespans(best, answer, ex.cost) if host_syncs(answer) or host_syncs(best) else None
@@ -412,3 +470,259 @@ def check(ex: Exercise, answer: GraphModule) -> Grade:
     mk, mb = _timed(answer, ex.cost, problems), makespan_us(best, ex.cost)
     if mk == mk: problems += slow_problems(best, answer, ex.cost)
     return Grade(ex.title, problems, n, nb, mk, mb, rep, hosts)
+
+def check(ex: Exercise, answer: GraphModule, fixes: bool = True) -> Grade:
+    """Grade `answer` for `ex` against the worked solution: its host syncs, its work (op, inputs, stream per node), the
+    sanitizer's errors, its syncs, its frees and its makespan; each problem names the node and the fix, and `fixes`
+    lists the edits that make the answer correct, in order (`repair`)."""
+    g = _grade(ex, answer)
+    if fixes and not g.ok: g.fixes, g.fixed = repair(ex, answer)
+    return g
+
+# %% ../nbs/08_exercises.ipynb #fc2e119a
+@dataclass
+class Edit:
+    """One change to an answer graph, as the code a learner types (`str(edit)`, with `gm` the answer) and as `apply(gm)`,
+    which makes it and returns the graph (a new one for `gm = ex.start()`)."""
+    code: str
+    do: Callable = field(repr=False, compare=False)
+    def apply(self, gm: GraphModule) -> GraphModule:
+        out = self.do(gm)
+        return gm if out is None else out
+    def __str__(self): return self.code
+    __repr__ = __str__
+
+def _where(before, after) -> str: return f"before={before!r}" if before is not None else f"after={after!r}"
+
+def _arg(a) -> str: return f"node(gm, {a.name!r})" if isinstance(a, Node) else repr(a)
+
+def _e_insert(target, *args, before=None, after=None) -> Edit:
+    "An `insert` of a stream op (`args`: indices, or nodes of the answer, named by `node(gm, ...)`)."
+    names = [a.name if isinstance(a, Node) else None for a in args]
+    def do(gm):
+        insert(gm, target, *(node(gm, n) if n else a for a, n in zip(args, names)), before=before, after=after)
+    return Edit(f"insert(gm, streams.{target._opname}.default, {', '.join(map(_arg, args))}, {_where(before, after)})", do)
+
+def _e_move(name, before=None, after=None) -> Edit:
+    return Edit(f"move(gm, {name!r}, {_where(before, after)})", lambda gm: move(gm, name, before=before, after=after) and None)
+
+def _e_remove(name) -> Edit: return Edit(f"remove(gm, {name!r})", lambda gm: remove(gm, name))
+
+def _e_stream(name, s) -> Edit:
+    return Edit(f"set_stream(node(gm, {name!r}), {s})", lambda gm: set_stream(node(gm, name), s))
+
+# %% ../nbs/08_exercises.ipynb #75a6cd17
+def _e_read(name, old, new) -> Edit:
+    "Make node `name` read `new` where it reads `old`."
+    def do(gm):
+        node(gm, name).replace_input_with(node(gm, old), node(gm, new)); gm.recompile()
+    return Edit(f"node(gm, {name!r}).replace_input_with(node(gm, {old!r}), node(gm, {new!r}))", do)
+
+def _e_output(names) -> Edit:
+    "Return the values called `names` again (as the start graph does)."
+    def do(gm):
+        out = _output(gm); out.args = (tuple(node(gm, n) for n in names),); gm.recompile()
+    return Edit(f"_output(gm).args = ((" + ", ".join(f"node(gm, {n!r})" for n in names) + ",),)", do)
+
+def _e_restart(ex) -> Edit: return Edit("gm = ex.start()", lambda gm: ex.start())
+
+def _e_wrap(ex, spec) -> Edit:
+    return Edit(f"wrap_by_hand(gm, {spec!r})", lambda gm: ex.wrap(gm, spec))
+
+# %% ../nbs/08_exercises.ipynb #fa8b6181
+def _free_index(gm: GraphModule) -> int:
+    "The smallest index that names no stream and no event of `gm` (torch keeps both in one table)."
+    used = indices_in_use(gm)
+    return next(i for i in range(len(used) + 2) if i not in used)
+
+def _records(gm: GraphModule, s, after: Node | None, before: Node) -> Node | None:
+    """A `record_event` on stream `s` after `after` (None: from the start) and before `before` in program order whose
+    event no later record changes before `before`: waiting for it orders what `s` issued before it."""
+    seen, last = after is None, {}
+    for n in gm.graph.nodes:
+        if n is before: break
+        if n is after: seen = True; continue
+        if (op := decode(n, gm)) is not None and op.kind == "record_event":
+            if seen and op.stream == s and op.event not in last: last[op.event] = n
+            elif op.event in last: del last[op.event]   # recorded again: the first record no longer stands
+    return next(iter(last.values()), None)
+
+def _order_edits(ex, gm: GraphModule, producer: str, ps, consumer: str, cs) -> list[Edit]:
+    """Order `consumer` (stream `cs`) after `producer` (stream `ps`): a wait before the consumer on a record after the
+    producer that is already there, else `wait_stream` (one op) unless a new record and wait are faster."""
+    p, c = node(gm, producer), node(gm, consumer)
+    ws = [_e_insert(streams.wait_stream.default, cs, ps, before=consumer)]
+    if p.op == "placeholder": return ws
+    rec = _records(gm, ps, p, c)
+    if rec is not None: return [_e_insert(streams.wait_event.default, decode(rec, gm).event, cs, before=consumer)]
+    e = _free_index(gm)
+    pair = [_e_insert(streams.record_event.default, e, ps, after=producer),
+            _e_insert(streams.wait_event.default, e, cs, before=consumer)]
+    try: return ws if _after(ex, gm, ws) <= _after(ex, gm, pair) * (1 + 1e-9) + 1e-9 else pair
+    except StreamnbError: return pair
+
+def _copy(gm: GraphModule) -> GraphModule:
+    "A copy of `gm` whose new nodes get the names they would get in `gm` (its name counts copied too)."
+    g = copy.deepcopy(gm)
+    ns, old = g.graph._graph_namespace, gm.graph._graph_namespace
+    ns._used_names, ns._base_count = set(old._used_names) | ns._used_names, {**ns._base_count, **old._base_count}
+    return g
+
+def _mends(ex, gm: GraphModule, edits: list[Edit], e: Finding) -> bool:
+    "True if `edits` remove the finding `e` and slow nothing down."
+    g = _copy(gm)
+    for x in edits: g = x.apply(g)
+    try: left = [(f.kind, tuple(f.nodes)) for f in _sanitize(ex, g).errors]
+    except StreamnbError: return False
+    return (e.kind, tuple(e.nodes)) not in left and _after(ex, gm, edits) <= makespan_us(gm, ex.cost) * (1 + 1e-9) + 1e-9
+
+def _after(ex, gm: GraphModule, edits: list[Edit]) -> float:
+    "The makespan of `gm` with `edits` made (on a copy)."
+    g = _copy(gm)
+    for e in edits: g = e.apply(g)
+    return makespan_us(g, ex.cost)
+
+# %% ../nbs/08_exercises.ipynb #9b05e3f3
+def _fix_finding(ex, gm: GraphModule, e: Finding, rep: Report) -> list[Edit] | None:
+    "The edits that remove the sanitizer's finding `e` (None: no mechanical fix)."
+    (a, b), (sa, sb) = (tuple(e.nodes) + (None,) * 2)[:2], (tuple(e.streams) + (None,) * 2)[:2]
+    if e.kind == "race": return _order_edits(ex, gm, b, sb, a, sa)
+    if e.kind == "unjoined_output":   # one record after the last value returned from that stream, one wait
+        same = [f.nodes[1] for f in rep.errors if f.kind == "unjoined_output" and tuple(f.streams[:2]) == (sa, sb)]
+        pos = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+        return _order_edits(ex, gm, max(same, key=pos.get), sb, "output", sa)
+    if e.kind == "unsafe_reuse":      # record_stream if it is enough, else a sync_dealloc at the end (then earlier)
+        t, rec = node(gm, e.tensor), _records(gm, sa, node(gm, a), _output(gm))
+        rs = [_e_insert(streams.record_stream.default, t, sa, after=a)]
+        if _mends(ex, gm, rs, e): return rs
+        ev = decode(rec, gm).event if rec is not None else _free_index(gm)
+        first = [] if rec is not None else [_e_insert(streams.record_event.default, ev, sa, after=a)]
+        return first + [_e_insert(streams.sync_dealloc.default, ev, sb, t, before="output")]
+    if e.kind == "wait_without_record": return [_e_remove(a)]   # it orders nothing; the race it left is fixed next
+    if e.kind == "reorderable" and ex.wrap is not None:
+        wrapped = any(is_control_deps(n) for n in gm.graph.nodes)
+        return ([_e_restart(ex)] if wrapped else []) + [_e_wrap(ex, _wrap_spec(ex.start() if wrapped else gm))]
+    return None
+
+# %% ../nbs/08_exercises.ipynb #d79c1965
+def _wrap_spec(gm: GraphModule) -> dict[str, list[str]]:
+    """Correction 6 by hand, for `wrap_by_hand`: a record after the last kernel of its stream before it; a wait after
+    its event's record, passing through the value the next kernel of its stream reads from another stream (else
+    after the last kernel of its stream)."""
+    comp, last, rec, spec, nodes = set(compute_nodes(gm)), {}, {}, {}, list(gm.graph.nodes)
+    for i, n in enumerate(nodes):
+        if n in comp: last[get_stream(n)] = n.name
+        elif (op := decode(n, gm)) is not None and op.kind == "record_event":
+            rec[op.event] = n.name
+            spec[n.name] = [last[op.stream]] if op.stream in last else []
+        elif op is not None and op.kind == "wait_event" and op.event in rec:
+            nxt = next((m for m in nodes[i + 1:] if m in comp and get_stream(m) == op.stream), None)
+            far = [source(x).name for x in (nxt.all_input_nodes if nxt is not None else ())
+                   if source(x) in comp and get_stream(source(x)) != op.stream]
+            spec[n.name] = [rec[op.event]] + (far[:1] or ([last[op.stream]] if op.stream in last else []))
+    return spec
+
+# %% ../nbs/08_exercises.ipynb #7a9ade06
+def _fix_work(start: GraphModule, gm: GraphModule) -> list[Edit] | None:
+    "The first change of the work back to the start graph's (op, inputs, stream, outputs); [] if none changed."
+    theirs = {n.name: n for n in compute_nodes(gm)}
+    for s in compute_nodes(start):
+        a = theirs.get(s.name)
+        if a is None or _tname(a.target) != _tname(s.target): return None   # work gone or changed: nothing mechanical
+        want, got = [source(x).name for x in s.all_input_nodes], [source(x).name for x in a.all_input_nodes]
+        if reads(a) != reads(s) and len(want) == len(got):
+            return [_e_read(a.name, g, w) for g, w in dict(zip(got, want)).items() if g != w]
+        if get_stream(s) is not None and get_stream(a) != get_stream(s): return [_e_stream(a.name, get_stream(s))]
+    ours = {n.name for n in compute_nodes(start)}
+    extra = [n for n in compute_nodes(gm) if n.name not in ours and not n.users]
+    if extra: return [_e_remove(extra[-1].name)]
+    so, ao = _output(start), _output(gm)
+    if so is not None and ao is not None and reads(ao) != reads(so):
+        return [_e_output([source(x).name for x in so.args[0]])]
+    return []
+
+def _fix_host(best: GraphModule, gm: GraphModule) -> list[Edit]:
+    "Remove the first host sync the worked solution does without (the waits it stood for are the next fixes)."
+    allowed = Counter(op.kind for op in host_syncs(best))
+    for op in host_syncs(gm):
+        if allowed[op.kind] > 0: allowed[op.kind] -= 1
+        else: return [_e_remove(op.node.name)]
+    return []
+
+# %% ../nbs/08_exercises.ipynb #b1580ec0
+def _fix_extra(ex, best: GraphModule, gm: GraphModule) -> list[Edit]:
+    "More syncs than the worked solution: the last one that can go with no finding and no slower makespan."
+    if count_syncs(gm) <= count_syncs(best): return []
+    mk = makespan_us(gm, ex.cost)
+    for op in reversed(_syncs(gm)):
+        g = _copy(gm)
+        try:
+            remove(g, op.node.name)
+            if not _sanitize(ex, g).errors and makespan_us(g, ex.cost) <= mk * (1 + 1e-9) + 1e-9:
+                return [_e_remove(op.node.name)]
+        except StreamnbError: continue
+    return []
+
+def _fix_free(best: GraphModule, gm: GraphModule) -> list[Edit]:
+    want = _frees(best)
+    return [_e_move(name, after=want[t][1]) for t, (k, last, name) in _frees(gm).items() if t in want and k > want[t][0]][:1]
+
+# %% ../nbs/08_exercises.ipynb #04815ff9
+def _fix_slow(ex, best: GraphModule, gm: GraphModule) -> list[Edit] | None:
+    "A wait that idles its stream longer than in the worked solution: where `slow_problems` says it belongs."
+    if makespan_us(gm, ex.cost) <= makespan_us(best, ex.cost) * (1 + 1e-9) + 1e-9: return []
+    idle = {}
+    for w in simulate(best, cost=ex.cost).waits: idle[(w.op, w.stream)] = max(idle.get((w.op, w.stream), 0), w.duration)
+    worse = [w for w in simulate(gm, cost=ex.cost).waits
+             if w.stream is not None and w.duration > idle.get((w.op, w.stream), 0) + 1e-12]
+    if not worse: return None
+    w = max(worse, key=lambda w: w.duration)
+    if w.op == "sync_dealloc":   # after the first kernel of its stream that ends once the recorded one has, at the end
+        g, k = _copy(gm), _marks(gm, w.node)
+        move(g, w.node, before="output")
+        tl = simulate(g, cost=ex.cost)
+        after = next((n for n, (s, _, end) in tl.spans.items() if s == w.stream and k in tl.spans
+                      and end >= tl.spans[k][2]), None)
+        return None if after is None else [_e_move(w.node, before="output"), _e_move(w.node, after=after)]
+    need, between = _first_need(gm, w.node, w.stream)
+    return [_e_move(w.node, before=need)] if need and between else None
+
+def _e_args(name, args) -> Edit:
+    def do(gm):
+        node(gm, name).args = args; gm.recompile()
+    return Edit(f"node(gm, {name!r}).args = {args!r}", do)
+
+def _fix_table(gm: GraphModule) -> list[Edit]:
+    "An event index that is also a stream index: every op of that event renumbered to a free index."
+    try: check_stream_ops(gm, one_table=True); return []
+    except StreamOpError:
+        ops, streams_ = check_stream_ops(gm), {get_stream(n) for n in gm.graph.nodes}
+        for op in ops.values(): streams_.update(op.streams)
+        bad, new = next(op.event for op in ops.values() if op.event in streams_), _free_index(gm)
+        return [_e_args(op.call.name if op.call is op.node else op.node.name,
+                        tuple(new if i == OPS[op.target].event else a for i, a in enumerate(op.args)))
+                for op in ops.values() if op.event == bad and op.call is op.node]
+
+# %% ../nbs/08_exercises.ipynb #3a0fd56b
+def _next_fix(ex, best: GraphModule, gm: GraphModule, rep: Report | None) -> list[Edit] | None:
+    "The next edits toward a correct answer, in the grade's order of problems (None: none can be made mechanically)."
+    for step in (lambda: _fix_table(gm), lambda: _fix_host(best, gm), lambda: _fix_work(ex.start(), gm),
+                 lambda: (_fix_finding(ex, gm, rep.errors[0], rep) if rep is not None and rep.errors else []),
+                 lambda: _fix_extra(ex, best, gm), lambda: _fix_free(best, gm), lambda: _fix_slow(ex, best, gm)):
+        fix = step()
+        if fix is None or fix: return fix
+    return None
+
+def repair(ex, answer: GraphModule, limit: int = 16) -> tuple[list[Edit], bool]:
+    """The fixes of `answer`, in order, as `Edit`s, each found on the answer with the ones before applied; and True if
+    applying them all gives a correct answer (False: the list stops where no fix can be made mechanically)."""
+    gm, out, best = _copy(answer), [], ex.best()
+    for _ in range(limit):
+        g = _grade(ex, gm)
+        if g.ok: return out, True
+        try: fix = _next_fix(ex, best, gm, g.report)
+        except StreamnbError: fix = None   # an answer the simulator cannot time: the problems say so
+        if not fix: return out, False
+        for e in fix: gm = e.apply(gm)
+        out += fix
+    return out, False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections import Counter
+import operator
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 from .capturing import Capture, capture
+from .assign import _origin
 from .tracing import PartitionError
 from .graph import StreamnbError, StreamRegistry, get_stream, use_registry
 from .streamops import count_syncs
@@ -56,6 +58,8 @@ def _matches_eager(cap: Capture, inputs) -> bool:
         torch.testing.assert_close(got.outputs, want.outputs)
         torch.testing.assert_close(got.grads, want.grads)
         torch.testing.assert_close(got.param_grads, want.param_grads)
+        # what it updates in place: each write-back eager changed (one that leaves a value as it was, eager cannot see)
+        torch.testing.assert_close({k: got.written.get(k) for k in want.written}, want.written)
     except AssertionError: return False
     return True
 
@@ -176,6 +180,40 @@ class _ExplanationForwardOnly:
                 f"let `explain(..., forward_syncs=True)` (CLI: --forward-syncs) insert them. The first: {first}")
 
 
+# %% ../nbs/17_explain.ipynb #8fd84415
+class _ExplanationWriteBacks:
+    "What an explanation says of a program that updates inputs or buffers in place (a part of `Explanation`)."
+    def unjoined_write_backs(self, mode: str) -> list[str]:
+        """The inputs and buffers (by name) whose new value `mode`'s forward returns unjoined to the current stream, on
+        which AOTAutograd's epilogue copies it back after the graph (the sanitizer's `unjoined_output` on it)."""
+        r, wb = self.modes[mode], self.capture.write_backs
+        if r.forward is None or not wb: return []
+        outs = r.forward.graph.output_node().args[0]
+        made = {}   # the node the sanitizer names as the new value's writer: it, or the op whose result it is part of
+        for k, name in wb.items():
+            n = _origin(outs[k])
+            for m in [n, *([n.args[0]] if n.target is operator.getitem else [])]: made.setdefault(m.name, []).append(name)
+        return list(dict.fromkeys(name for e in r.forward_report.errors if e.kind == "unjoined_output"
+                                  for name in made.get(e.nodes[1], ())))
+
+    def write_back_note(self) -> str | None:
+        "What the program updates in place, and whether each mode joins the write-backs' streams before the copy."
+        wb = self.capture.write_backs
+        if not wb: return None
+        what = ", ".join(f"`{n}` (forward output {k})" for k, n in wb.items())
+        said = [f"write-backs: the program updates {what} in place; AOTAutograd's forward returns the new values and "
+                "its epilogue copies them back on the current stream after the graph (`Capture.write_backs`; `run` and "
+                "`eager` report them in `.written`)."]
+        for mode in self.modes:
+            left = ", ".join(f"`{n}`" for n in self.unjoined_write_backs(mode))
+            said.append(f"{mode}: the write-back of {left} is unjoined: made on a side stream and copied on the current "
+                        "stream with nothing ordering it (`unjoined_output`), a race eager PyTorch does not have"
+                        f"{' (the default joins it: correction 31)' if mode == 'upstream' else ''}." if left else
+                        f"{mode}: every write-back is ordered before its copy"
+                        f"{' (correction 31 joins a side stream that made one)' if mode == 'default' else ''}.")
+        return " ".join(said)
+
+
 # %% ../nbs/17_explain.ipynb #17b419d1
 class _ExplanationPart2:
     "What the program as written gets wrong: at its entry, and beyond the default's forward (a part of `Explanation`)."
@@ -239,7 +277,8 @@ class _ExplanationPart3:
         if self.seed_failure is not None:
             notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
                             "streamnb's default rules process it (the README's corrections table says which rule differs)")
-        notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note()] if n for line in n.split("\n")]
+        notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note(), self.write_back_note()]
+                  if n for line in n.split("\n")]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
 
@@ -278,7 +317,8 @@ class _ExplanationPart4:
 
 # %% ../nbs/17_explain.ipynb #cbe1e9d4
 @dataclass
-class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4, _ExplanationForwardOnly):
+class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4, _ExplanationForwardOnly,
+                  _ExplanationWriteBacks):
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
     capture: Capture
     before: Timeline
@@ -318,14 +358,18 @@ def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
     """`sanitize` of `cap`'s forward before any pass: the program as eager PyTorch runs it, its inputs made on the
     caller's current stream (`inputs_ready="made"`, chapter 02), so a side stream that reads one without a wait races.
     A value returned only to be saved for the backward is not an unjoined output there (eager's backward reads it on
-    the stream that made it)."""
+    the stream that made it), nor is a write-back's new value (eager updates the input in place where the program says:
+    the epilogue's copy is AOTAutograd's, judged in the processed rows), nor is its memory's reuse (eager writes into
+    the input: it allocates none)."""
     report = sanitize(cap.forward, registry=registry, inputs_ready="made")
     returned = copy.deepcopy(cap.forward)   # the forward returning the program's outputs only, for the output check
     out = returned.graph.output_node()
-    out.args = (tuple(out.args[0][:cap.num_fwd_outputs]),)
+    out.args = (tuple(out.args[0][len(cap.write_backs):cap.num_fwd_outputs]),)
     unjoined = [(e.nodes, e.streams) for e in sanitize(returned, registry=registry, inputs_ready="made").errors
                 if e.kind == "unjoined_output"]
     report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
+    new = {_origin(cap.forward.graph.output_node().args[0][k]).name for k in cap.write_backs}
+    report.errors = [e for e in report.errors if not (e.kind == "unsafe_reuse" and e.tensor in new)]
     return report
 
 # %% ../nbs/17_explain.ipynb #d35b0c20

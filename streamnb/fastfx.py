@@ -16,28 +16,25 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.immutable_collections import immutable_dict
 
+from . import torchprivate
+
 # %% auto #0
 __all__ = ['FAST_FX_TORCH', 'FAST_OFF_REASON', 'FAST', 'fast_path_enabled', 'paused_gc', 'create_node', 'call_function',
            'save_names', 'revive', 'subgraph_name', 'create_subgraph_for_node']
 
 # %% ../nbs/90_fastfx.ipynb #9eee3c01
-FAST_FX_TORCH = "2.13.0"   # the torch release whose FX internals the fast path below was written for
+FAST_FX_TORCH = "2.13"   # the torch release (major.minor) whose FX internals the fast path below was written for
 
 def _load() -> tuple[SimpleNamespace | None, str]:
-    "FX's private `_LazyGraphModule`, a module template and `''` (other private names checked here); or `None`, why not."
-    if torch.__version__.split("+")[0] != FAST_FX_TORCH:
-        return None, f"torch {torch.__version__} is not {FAST_FX_TORCH}, the release the fast path is written for"
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-        g = Graph()   # the graph's and its namespace's private members create_node uses
-        g._graph_namespace.create_name, g._graph_namespace.associate_name_with_obj, g._target_to_str, g._insert
-        g._find_nodes_lookup_table.insert, g._len
-        ns = g._graph_namespace; ns._used_names, ns._base_count, ns._obj_to_name   # save_names
-        n = g.placeholder("x"); n._erased, n._prev, n._next                          # revive
-        d = _LazyGraphModule(torch.nn.Module(), g).__dict__
-        _LazyGraphModule._lazy_forward
-    except Exception as e:   # a missing or changed private name turns the fast path off, never the import
-        return None, f"a private FX/torch name the fast path uses is missing or changed ({type(e).__name__}: {e})"
+    """FX's private `_LazyGraphModule`, a module template and `''` (every private name the fast path uses is probed by
+    `torchprivate`, feature `fx_fast_path`); or `None`, why not."""
+    if ".".join(torch.__version__.split("+")[0].split(".")[:2]) != FAST_FX_TORCH:
+        return None, f"torch {torch.__version__} is not {FAST_FX_TORCH}.x, the release the fast path is written for"
+    if why := torchprivate.check("fx_fast_path"): return None, why   # probed again: `fast_path_enabled` asks now
+    _LazyGraphModule = torchprivate.probe("torch.fx._lazy_graph_module._LazyGraphModule")[0]
+    try: d = _LazyGraphModule(torch.nn.Module(), Graph()).__dict__
+    except Exception as e:   # a changed private class turns the fast path off, never the import
+        return None, f"FX's private _LazyGraphModule changed ({type(e).__name__}: {e})"
     containers = (dict, list, set)   # each module needs fresh ones; the rest of the instance dict can be shared
     return SimpleNamespace(lazy=_LazyGraphModule, shared={k: v for k, v in d.items() if not isinstance(v, containers)},
                            fresh=[(k, type(v)) for k, v in d.items() if isinstance(v, containers)]), ""
@@ -148,8 +145,8 @@ def create_subgraph_for_node(graph: Graph, node: Node, additional_deps: list[Nod
     owner = graph.owning_module
     if (not FAST or node.kwargs or not all(isinstance(a, (int, Node)) for a in node.args)
             or getattr(owner, "_create_node_hooks", None)):   # (hooks: FX's path calls them for each node)
-        from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node
-        return _create_subgraph_for_node(graph, node, additional_deps)
+        create = torchprivate.get("torch._inductor.fx_passes.control_dependencies._create_subgraph_for_node")
+        return create(graph, node, additional_deps)
     args = list(dict.fromkeys(a for a in node.args if isinstance(a, Node)))   # unique, in order
     additional_deps = additional_deps or ()
     names, used, base = _subgraph_names(node.target, len(args), len(additional_deps))

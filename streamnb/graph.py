@@ -24,13 +24,13 @@ from torch.fx.node import map_arg
 from . import fastfx
 
 # %% auto #0
-__all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'CORRECTIONS', 'get_stream', 'check_graph_module',
-           'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device', 'is_control_deps',
-           'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event', 'get_current_stream',
-           'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical', 'StreamnbError',
-           'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning', 'IndexedDict',
-           'validate', 'require_val', 'already_processed', 'mark_processed', 'transaction', 'stream_pass', 'Correction',
-           'correction', 'corrections_table']
+__all__ = ['INT64_MAX', 'BWD_TAGS', 'FWD_TAGS', 'SYNC_OPS', 'PIPELINE_ORDER', 'RECOGNISE', 'CORRECTIONS', 'get_stream',
+           'check_graph_module', 'check_index', 'set_stream', 'is_bwd_node', 'is_gradient_acc', 'get_val', 'get_device',
+           'is_control_deps', 'flat_args', 'StreamRegistry', 'get_registry', 'use_registry', 'new_event',
+           'get_current_stream', 'get_stream_or_current_stream', 'GraphBuilder', 'describe', 'canonical',
+           'StreamnbError', 'StreamAnnotationError', 'MissingValError', 'UnknownEventError', 'AlreadyProcessedWarning',
+           'IndexedDict', 'validate', 'require_val', 'already_processed', 'mark_processed', 'transaction',
+           'stream_pass', 'Correction', 'correction', 'corrections_table']
 
 # %% ../nbs/01_graph.ipynb #659d8eb0
 aten = torch.ops.aten
@@ -358,29 +358,57 @@ PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "in
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
 @functools.cache
-def _tensor_returns(target) -> int:
-    "How many results of the `aten` op `target` are tensors when all of them are (its schema): 0 if not all are."
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten": return 0
-    rets = target._schema.returns
-    return len(rets) if rets and all(type(r.type) is torch.TensorType for r in rets) else 0
+def _returns(target) -> tuple | None:
+    """The return types of each schema of the `aten` op `target` (an overload: one; a packet such as `aten.add`: one
+    per overload), or None where it is not an `aten` op (a Python function such as `torch.add` has no schema)."""
+    if isinstance(target, torch._ops.OpOverloadPacket) and target._qualified_op_name.startswith("aten::"):
+        return tuple(tuple(r.type for r in getattr(target, o)._schema.returns) for o in target.overloads())
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten": return None
+    return (tuple(r.type for r in target._schema.returns),)
 
 # %% ../nbs/01_graph.ipynb #7012fd01
+def _fits(v: Any, t) -> bool:
+    """Can one result of schema type `t` be `v`? A Tensor is a tensor, a Tensor[] a list of tensors (or None: an output
+    not computed), an optional may be None; any other type is a host value's, which is not checked here."""
+    if isinstance(t, torch.TensorType): return isinstance(v, torch.Tensor)
+    if isinstance(t, torch.OptionalType): return v is None or _fits(v, t.getElementType())
+    if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+        return isinstance(v, (list, tuple)) and all(x is None or isinstance(x, torch.Tensor) for x in v)
+    return True
+
 def _not_a_tensor(n: Node, val: Any) -> bool:
-    "Is `val` not what `n`'s `aten` op makes: a tensor (one result), or a tuple or list of tensors or None (several)?"
-    k = _tensor_returns(n.target) if n.op == "call_function" else 0
-    if k == 1: return not isinstance(val, torch.Tensor)
-    return k > 1 and not (isinstance(val, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in val))
+    """Is `val` not what `n`'s `aten` op makes by any of its schemas (a packet such as `aten.relu`: any overload's): a
+    tensor for a Tensor, a list of tensors for a Tensor[], a tuple (or list) of those or None for several results?"""
+    schemas = _returns(n.target) if n.op == "call_function" else None
+    if not schemas: return False
+    def fits(rets):
+        if len(rets) == 1: return _fits(val, rets[0])
+        if not rets: return True   # an op that returns nothing: no value to check
+        return isinstance(val, (tuple, list)) and all(v is None or _fits(v, r) for v, r in zip(val, rets))
+    return not any(fits(r) for r in schemas)
+
+def _val_error(n: Node) -> str | None:
+    "What is wrong with `n`'s `meta['val']` (text; not what its `aten` op makes), or None."
+    v = n.meta["val"]
+    if isinstance(v, (str, bytes)):
+        return f"meta['val'] is a {type(v).__name__}, not a value a traced op makes (a fake or meta tensor, a SymInt or a number)"
+    if not _not_a_tensor(n, v): return None
+    schemas = _returns(n.target)
+    made = "a Tensor" if all(len(r) == 1 and isinstance(r[0], torch.TensorType) for r in schemas) else \
+           " or ".join(dict.fromkeys("(" + ", ".join(map(str, r)) + ")" for r in schemas))
+    return (f"{n.target} returns {made} but its meta['val'] is not a tensor ({type(v).__name__}): the graph is broken "
+            "(a host value, such as a SymInt, comes from a host op: sym_size, item, operator.* on ints)")
 
 # %% ../nbs/01_graph.ipynb #a104e310
 def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
     """Raise a `StreamnbError` naming the first bad node: an argument not defined before it in the graph (a cycle, a
-    dangling argument), a name used twice, a second `output` node, a user that is not in the graph, a bad stream
+    dangling argument), a name used twice, a second `output` node, a `meta` dict two nodes share, a user that is not in the graph, a bad stream
     annotation, a `call_module` node with a stream, a `meta['val']` that is text (no traced op makes one) or that is
-    not a tensor on an `aten` op whose schema returns one, or a missing `meta['val']` on a node of `need_val`."""
+    not what its `aten` op's schema returns (a tensor, a list of tensors; an `aten` packet: any of its overloads), or a missing `meta['val']` on a node of `need_val`."""
     check_graph_module(gm)
     seen: set[Node] = set()
     names: set[str] = set()
-    output = None
+    output, metas = None, {}
     for n in gm.graph.nodes:
         for a in n.all_input_nodes:
             if a not in seen:   # defined later, erased, or a node of another graph
@@ -389,6 +417,8 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
         seen.add(n)
         if n.name in names: raise StreamnbError(f"node {n.name}: two nodes of the graph have this name (the graph fails lint())")
         names.add(n.name)
+        if (m := metas.setdefault(id(n.meta), n)) is not n:   # a setting on one would change the other
+            raise StreamnbError(f"node {n.name}: its meta dict is node {m.name}'s (one object): give each node its own")
         if n.op == "output":
             if output is not None:
                 raise StreamnbError(f"node {n.name}: a second output node (the first is {output.name}): a graph has one")
@@ -398,13 +428,7 @@ def validate(gm: GraphModule, need_val: Collection[Node] = ()) -> None:
                                 "ops inside a module; inline it first (trace without leaf modules)")
         if "val" not in n.meta:
             if n in need_val: get_val(n)
-        elif isinstance(n.meta["val"], (str, bytes)):
-            raise StreamnbError(f"node {n.name}: meta['val'] is a {type(n.meta['val']).__name__}, not a value a traced "
-                                "op makes (a fake or meta tensor, a SymInt or a number)")
-        elif _not_a_tensor(n, n.meta["val"]):
-            raise StreamnbError(f"node {n.name}: {n.target} returns a Tensor but its meta['val'] is not "
-                                f"a tensor ({type(n.meta['val']).__name__}): the graph is broken (a host value, such as a SymInt, "
-                                "comes from a host op: sym_size, item, operator.* on ints)")
+        elif (why := _val_error(n)) is not None: raise StreamnbError(f"node {n.name}: {why}")
     for n in gm.graph.nodes:
         for u in n.users:
             if u not in seen:
@@ -423,20 +447,29 @@ def require_val(need_val: Collection[Node]) -> None:
 def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
 
-def _inserted_by(gm: GraphModule, name: str) -> Node | None:
-    """The first node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted (`meta['streamnb_pass']`,
-    which a copy of the graph keeps when it drops the marks), or a `control_deps` node (after the wrap pass)."""
-    later = set(PIPELINE_ORDER[PIPELINE_ORDER.index(name):]) if name in PIPELINE_ORDER else {name}
-    return next((n for n in gm.graph.nodes if n.meta.get("streamnb_pass") in later
-                 or (name in PIPELINE_ORDER and is_control_deps(n))), None)
+RECOGNISE: dict[str, Callable[[GraphModule], tuple[Node, str] | None]] = {}
+"Pass name -> how to see from a graph's content that the pass already ran on it: `(a node it made, why)` or None."
+
+def _inserted_by(gm: GraphModule, name: str) -> tuple[Node, str] | None:
+    """A node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted, and how we know: its
+    `meta['streamnb_pass']` (which a copy of the graph keeps when it drops the marks), a `control_deps` node (after the
+    wrap pass), or what the pass's `RECOGNISE` entry finds in the graph (its syncs, a copy that dropped all meta too)."""
+    later = PIPELINE_ORDER[PIPELINE_ORDER.index(name):] if name in PIPELINE_ORDER else (name,)
+    for n in gm.graph.nodes:
+        if n.meta.get("streamnb_pass") in later: return n, f"node {n.name} was inserted by {n.meta['streamnb_pass']}"
+        if name in PIPELINE_ORDER and is_control_deps(n): return n, f"node {n.name} is a control_deps node"
+    for p in later:
+        try: found = RECOGNISE[p](gm) if p in RECOGNISE else None
+        except StreamnbError: found = None   # a malformed graph: validate names the node
+        if found is not None: return found
+    return None
 
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     check_graph_module(gm)
-    wrapped = None if name in _marks(gm) else _inserted_by(gm, name)
-    if name not in _marks(gm) and wrapped is None: return False
-    why = f"{name} already ran on it" if wrapped is None else (f"node {wrapped.name} is a control_deps node" if
-          is_control_deps(wrapped) else f"node {wrapped.name} was inserted by {wrapped.meta['streamnb_pass']}")
+    found = None if name in _marks(gm) else _inserted_by(gm, name)
+    if name not in _marks(gm) and found is None: return False
+    why = f"{name} already ran on it" if found is None else found[1]
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 

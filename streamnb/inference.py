@@ -117,9 +117,9 @@ def compile_inference(name: str, style: str, upstream: bool = False) -> dict:
     under `torch.no_grad()`: its outputs, eager PyTorch's, the compiled graphs and `switch.explain(graphs)`."""
     model, inputs = build_inference(name, style)
     graphs: dict = {}
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with cpu_streams(), torch.no_grad(), use_streamnb_passes(upstream, cpu_as="meta") as switch:
         out = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)(*inputs)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return dict(model=model, inputs=inputs, outputs=out, eager=eager(model, *inputs).outputs, graphs=graphs,
                 switch=switch, explanation=switch.explain(graphs))

@@ -15,7 +15,7 @@ __all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_
            'run_passes_fewest_syncs', 'fewest_syncs_start', 'fewest_syncs_exercise']
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
-from .graph import check_graph_module
+from .graph import check_graph_module, transaction, validate
 from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
 from .streamops import VectorClocks, blocks, decode, input_streams, physical_stream, storages, written_args
 from .simulator import us
@@ -75,15 +75,16 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
 # %% ../nbs/21a_fewest_syncs.ipynb #cc3b1357
 def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> tuple[int, int]:
     "Remove the redundant waits, then the records no one waits for any more; `(syncs before, syncs after)`."
-    check_graph_module(gm)
+    validate(gm)   # a broken graph refused naming the node, before any change
     before = count_syncs(gm)
-    for w in redundant_waits(gm, registry):
-        if not w.users: gm.graph.erase_node(w)
-    ops = [op for n in gm.graph.nodes if (op := decode(n, gm)) is not None]
-    used = {op.event for op in ops if op.kind != "record_event"}
-    for op in ops:
-        if op.kind == "record_event" and op.event not in used and not op.node.users: gm.graph.erase_node(op.node)
-    gm.recompile()
+    with transaction(gm):
+        for w in redundant_waits(gm, registry):
+            if not w.users: gm.graph.erase_node(w)
+        ops = [op for n in gm.graph.nodes if (op := decode(n, gm)) is not None]
+        used = {op.event for op in ops if op.kind != "record_event"}
+        for op in ops:
+            if op.kind == "record_event" and op.event not in used and not op.node.users: gm.graph.erase_node(op.node)
+        gm.recompile()
     return before, count_syncs(gm)
 
 # %% ../nbs/21a_fewest_syncs.ipynb #3e390d8a

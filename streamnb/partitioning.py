@@ -16,6 +16,8 @@ from torch.fx import GraphModule, Node
 from .graph import check_graph_module, is_bwd_node, is_control_deps
 from .streamops import decode, mark_forward_ready
 from .tracing import CaptureError, PartitionError
+from .torchprivate import need
+
 
 # %% auto #0
 __all__ = ['PARTITIONERS', 'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause']
@@ -59,6 +61,7 @@ def partition(joint: GraphModule, joint_inputs, num_fwd_outputs: int, partitione
               ) -> tuple[GraphModule, GraphModule]:
     "Split `joint` into forward and backward with AOTAutograd's `default_partition` or `min_cut_rematerialization_partition`."
     check_graph_module(joint, 'joint')
+    need("capture")   # AOTAutograd's partitioners (appendix 91)
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     fns = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
     if partitioner not in fns: raise CaptureError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")

@@ -222,7 +222,7 @@ def compile_pattern(name: str, style: str) -> dict:
     the outputs, the parameters' grads, the compiled graphs and the sanitizer's reports on them."""
     model, inputs = build(name, style)
     graphs: dict = {}
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with cpu_streams(), use_streamnb_passes(cpu_as="meta") as switch:
         compiled = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)
         xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]

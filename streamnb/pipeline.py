@@ -9,7 +9,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from torch.fx import GraphModule
 
-from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, is_bwd_node, transaction
+from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, is_bwd_node, transaction, validate
 from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
 from .cost import DeviceSpec, get_device_spec
@@ -44,6 +44,7 @@ def sync_forward(gm: GraphModule) -> GraphModule:
     check_graph_module(gm)
     tags = {n: n.meta.get("partitioner_tag") for n in gm.graph.nodes}
     with paused_gc(), transaction(gm):
+        validate(gm)   # the pass's own checks, which __wrapped__ skips: a broken graph refused naming the node
         for n in tags: n.meta["partitioner_tag"] = "is_forward" if is_bwd_node(n) else "is_backward"   # swapped
         try: insert_backward_syncs.__wrapped__(gm)   # the pass itself: the graph is not marked as synced
         finally:

@@ -34,7 +34,7 @@ def abc_graph(a_stream: int = 0, sync: str | None = None, early: bool = False) -
         if sync == "wait_event": g.sync(streams.wait_event.default, EVENT, 0)
         if sync == "synchronize_event": g.sync(streams.synchronize_event.default, EVENT)
         if sync == "synchronize_stream": g.sync(streams.synchronize_stream.default, a_stream)
-        if sync == "synchronize_device": g.sync(streams.synchronize_device.default)
+        if sync == "synchronize_device": g.sync(streams.synchronize_device.default, "cuda", 0)
     if early: order()
     b = g.op(torch.ops.aten.neg.default, x, stream=0, name="b")
     if not early: order()

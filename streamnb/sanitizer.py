@@ -197,10 +197,16 @@ class Report:
     errors: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     @property
-    def ok(self) -> bool: return not self.errors
+    def ok(self) -> bool:
+        "No errors (warnings allowed)."
+        return not self.errors
     @property
-    def kinds(self) -> list: return [e.kind for e in self.errors + self.warnings]
-    def add(self, e: Finding): (self.errors if e.severity == "error" else self.warnings).append(e)
+    def kinds(self) -> list:
+        "The kind of each finding, errors first."
+        return [e.kind for e in self.errors + self.warnings]
+    def add(self, e: Finding):
+        "File `e` under `errors` or `warnings` by its severity."
+        (self.errors if e.severity == "error" else self.warnings).append(e)
     def __str__(self):
         if not self.errors and not self.warnings: return "streamnb sanitizer: no errors"
         bar = "=" * 60

@@ -166,6 +166,7 @@ def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
     "Apply one decoded stream op to the simulation state."
     if op.kind not in _ON_SYNC: raise StreamnbError(f"node {op.node.name}: the simulator does not know {op.kind}")
     st.vc.apply(op, ph)   # happens-before: the one rule per kind (chapter 02)
+    if op.kind not in ("fork", "join"): st.host = st.clk.plus(st.host, st.host_op)   # the API call, before it acts
     _ON_SYNC[op.kind](st, op, ph, base)
 
 # %% ../nbs/04a_simulate.ipynb #c1888cf7
@@ -180,9 +181,9 @@ class FreeClock:
 # %% ../nbs/04a_simulate.ipynb #460dc74f
 class SimState:
     "The simulator's clocks and records while it walks a graph."
-    def __init__(self, current: int, launch_overhead: float = 0.0, clock=None, host_wake: float = 0.0):
+    def __init__(self, current: int, launch_overhead: float = 0.0, clock=None, host_wake: float = 0.0, host_op: float = 0.0):
         self.tl = Timeline(current_stream=current)
-        self.host, self.launch_overhead, self.host_wake = 0.0, launch_overhead, host_wake
+        self.host, self.launch_overhead, self.host_wake, self.host_op = 0.0, launch_overhead, host_wake, host_op
         self.clk = clock if clock is not None else FreeClock   # how times combine: max, +, a kernel's end
         self.tail: dict[int, float] = {}              # stream -> time its issued work is done
         self.vc = VectorClocks()                      # happens-before
@@ -420,7 +421,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     roofline estimate on `device`), only streams and syncs order them. Returns a `Timeline`.
     `device`: a name of the device table (the ideal model) or a `DeviceSpec`, e.g. `calibrated("V100")` (chapter 03):
     its `host_issue_us` is the default `launch_overhead` (ms per kernel issued), its `host_wake_us` what each host
-    sync costs the host, its `dispatch_us` (with contention) the device-wide gap between kernel starts.
+    sync costs the host, its `host_op_us` what issuing each stream op costs it, its `dispatch_us` (with contention) the device-wide gap between kernel starts.
     `contention`: False (free overlap: a kernel takes its cost whatever runs beside it); True (overlapping kernels
     share `device`'s compute and bandwidth, demands from `kernel_demand`, chapter 04); or a table / function giving each kernel's
     `Demand` by hand. `inputs_ready`: where the graph's inputs are ready (chapter 02, `input_streams`; default
@@ -431,7 +432,7 @@ def simulate(gm: GraphModule, *, cost: Callable[[Node], float] | Mapping[str, fl
     spec = get_device_spec(device)
     clock = None if contention is False else ContendedClock(demand_function(contention, spec), spec.dispatch_us / 1e3)
     issue = spec.host_issue_us / 1e3 if launch_overhead is None else launch_overhead
-    st = SimState(current_stream_key(reg), issue, clock, spec.host_wake_us / 1e3)
+    st = SimState(current_stream_key(reg), issue, clock, spec.host_wake_us / 1e3, spec.host_op_us / 1e3)
     phys = lambda i: physical_stream(i, reg)
     cost_of = _cost_function(cost, device)
     _walk(st, gm, ops, phys, cost_of, input_streams(gm, reg, inputs_ready))

@@ -211,7 +211,8 @@ def _joined(gm: GraphModule, producers: list[Node]) -> set[Node]:
 def _partition_end(gm: GraphModule, producers: list[Node]) -> Node:
     """Where the partition of `producers` ends: the graph's output, or in a joint graph whose other partition follows
     (the backward, when `sync_forward` syncs the forward: its nodes are tagged forward then) that partition's first node."""
-    nodes, last = list(gm.graph.nodes), max(producers, key=lambda n: n._sort_key)
+    nodes = list(gm.graph.nodes)   # graph order: FX's private sort key on the fast path, else positions
+    last = max(producers, key=(lambda n: n._sort_key) if fastfx.FAST else {n: i for i, n in enumerate(nodes)}.get)
     return next((n for n in nodes[nodes.index(last) + 1:] if n.meta.get("partitioner_tag") in FWD_TAGS),
                 gm.graph.find_nodes(op="output")[0])
 

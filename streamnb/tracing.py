@@ -14,16 +14,18 @@ from unittest import mock
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .graph import check_graph_module
 from .graph import FWD_TAGS, StreamnbError, StreamAnnotationError, get_stream
 from .pipeline import STREAM_PASSES
 from .streamops import decode
 from .cpustreams import cpu_streams, run_graph
+from .torchprivate import get, need
+
+FakeTensor = get("torch._subclasses.fake_tensor.FakeTensor", default=type("FakeTensor", (), {}))  # appendix 91
 
 # %% auto #0
-__all__ = ['CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError', 'dynamo_tables_saved',
+__all__ = ['FakeTensor', 'CaptureError', 'TraceError', 'NoGradError', 'PartitionError', 'AnnotationError', 'dynamo_tables_saved',
            'restore_dynamo_tables', 'dynamo_notes', 'tag_custom_backward', 'on_device', 'graph_streams']
 
 # %% ../nbs/16a_tracing.ipynb #dd359a90
@@ -159,6 +161,7 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
     which also reads stream objects); the joint graph as it is before any stream pass, and what came with it. A program
     with no gradient (nothing requires grad, or grad mode is off) has no joint graph: its inference graph instead
     (`got["inference"]`, see `_keep_inference`)."""
+    need("capture")   # AOTAutograd's and dynamo's internals used below (appendix 91)
     import torch._functorch._aot_autograd.graph_capture as GC
     from functorch.compile import aot_function
     from torch._functorch.partitioners import default_partition
@@ -183,13 +186,13 @@ def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str
             if frontend == "aot":
                 aot_function(flat_fn, fw_compiler=never, bw_compiler=never, partition_fn=partition_fn)(*flat_args)
             else:   # the forward runs once, on the CPU executor, so that dynamo replays flat_fn's side effect (the spec)
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 with cpu_streams(): torch.compile(flat_fn, backend=backend, fullgraph=True)(*flat_args)
         except Exception as e:
             if not ("joint" in got or "inference" in got) or frontend == "dynamo": raise
             if _cause(e, _Captured) is None: raise
         finally:
-            if frontend == "dynamo": torch._dynamo.reset()
+            if frontend == "dynamo": torch.compiler.reset()
     return got
 
 # %% ../nbs/16a_tracing.ipynb #1e70cff4

@@ -36,6 +36,7 @@ streams = torch.ops.streams
 USER_EVENTS = tuple(range(4, 10))
 UNARY = (aten.neg.default, aten.sin.default, aten.relu.default)
 BINARY = (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.mm.default)
+TENSOR_PACKETS = (aten.relu.default, aten.mm.default)   # ops whose packet (aten.relu) has no overload that makes a host value
 
 
 def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None = None, n_primals: int = 2,
@@ -57,7 +58,8 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     the chance that a compute node shares its `custom` dict with an earlier node of the same stream (an unannotated
     node or an accumulation: one `{"note": "shared"}` dict), as AOTAutograd shares forward/backward dicts;
     `p_bad_val`, the chance that one tensor op gets a `meta['val']` that is not a tensor (an int, None, `object()`, an
-    empty list or a SymInt), a broken graph, named in `gm.meta["graphgen_bad_val"]`."""
+    empty list or a SymInt), a broken graph, named in `gm.meta["graphgen_bad_val"]`; half the time, on `aten.relu` or
+    `aten.mm`, the op is then called through its packet (`aten.relu`), as a graph written by hand may call it."""
     rng = random.Random(seed)
     if n_streams is None: n_streams = rng.randint(1, 4)
     if not 1 <= n_streams <= len(USER_EVENTS): raise ValueError(f"n_streams must be 1..{len(USER_EVENTS)}")
@@ -130,6 +132,9 @@ def random_backward_graph(seed: int, *, n_nodes: int = 30, n_streams: int | None
     if p_bad_val and ops and rng.random() < p_bad_val:
         bad = rng.choice(ops)
         bad.meta["val"] = rng.choice([lambda: 3, lambda: None, object, list, _symint])()
+        if bad.target in TENSOR_PACKETS and rng.random() < 0.5:
+            bad.target = bad.target.overloadpacket   # aten.relu, aten.mm: every overload returns a Tensor
+            gm.recompile()
         gm.meta["graphgen_bad_val"] = bad.name
     return gm
 
@@ -222,7 +227,7 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
                        n_tangents: int = 2, p_view: float = 0.2, p_inplace: float = 0.12, p_multi: float = 0.1,
                        p_split: float = 0.1, p_user_sync: float = 0.15, p_keyword: float = 0.5,
                        p_unannotated: float = 0.05, p_acc: float = 0.05, p_stay: float = 0.4, p_copy: float = 0.0,
-                       size: int = 4) -> GraphModule:
+                       size: int = 4, p_join: float = 0.0) -> GraphModule:
     """A random backward-like graph with aliasing on many streams, the same for the same arguments.
 
     Besides `random_backward_graph`'s elementwise ops and `mm`: views (`t`, `transpose`, `view`, `slice` then
@@ -232,7 +237,10 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
     pieces read and put back with `cat`/`stack`; user `record_event`/`wait_event`/`synchronize_event` in positional or
     keyword form (`p_keyword`), with few event indices (`ALIAS_EVENTS`) so they are recorded again on other streams.
     `n_streams=None` draws 8..12 (indices 0..n-1; 0 is the current stream). Every value in the pool is `size x size`
-    float32 on the meta device. In-place writes never target a graph input (the epilogue `copy_`s of `p_copy` do)."""
+    float32 on the meta device. In-place writes never target a graph input (the epilogue `copy_`s of `p_copy` do).
+    `p_join` (off by default: the same graphs as before): the chance, after each node, of a user `wait_stream` that
+    makes a random stream wait for the last node's stream (fork/join code: the allocating stream of a value read
+    elsewhere often waits before its next kernel, which orders the reuse of a block freed to it; issue 46, item 5)."""
     rng = random.Random(seed)
     if n_streams is None: n_streams = rng.randint(8, 12)
     N = size
@@ -358,6 +366,9 @@ def random_alias_graph(seed: int, *, n_nodes: int = 24, n_streams: int | None = 
         else: compute()
         made += 1
         if rng.random() < p_user_sync: user_sync()
+        if p_join and rng.random() < p_join:
+            s = stream_of.get(pool[-1]); s = 0 if s is None else s
+            b.sync(streams.wait_stream.default, rng.randrange(n_streams), s)
     if p_copy and rng.random() < p_copy * 10:
         for p in rng.sample(primals, rng.randint(1, len(primals))):
             src = pick(exclude_base=p)

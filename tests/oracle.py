@@ -12,7 +12,7 @@ CPU-only build once the few things they take from the live machine are stubbed:
   only around the pass calls; forcing them for the whole process breaks AOT tracing.
 
 The seed streamnb implements is torch 2.13's file minus the later `wait_stream` support and with
-`torch.cuda.is_available()` in the record_stream fallback (reference notes, UPSTREAM.md §1). `load_impl("seed")`
+`torch.cuda.is_available()` in the record_stream fallback (torch 2.13's `streams.py`). `load_impl("seed")`
 derives that variant in memory from the installed source (each edit's anchor must occur exactly once) and
 executes it as a module of the `torch._functorch._aot_autograd` package; `load_impl("torch")` is the
 installed module unchanged.

@@ -276,8 +276,12 @@ def test_errors():
     def mutates(x, buf):
         buf.add_(1)
         return x * buf
-    with pytest.raises(CaptureError, match="mutates an input"):
-        capture(mutates, torch.randn(3, requires_grad=True), torch.zeros(3))
+    assert capture(mutates, torch.randn(3, requires_grad=True), torch.zeros(3)).write_backs == {0: "input 1"}  # issue 45
+    def transposes(x, buf):
+        buf.t_()
+        return x * buf
+    with pytest.raises(CaptureError, match="shape or strides of an input or buffer in place"):
+        capture(transposes, torch.randn(3, 3, requires_grad=True), torch.zeros(3, 3))
     with pytest.raises(CaptureError, match="frontend"):
         capture(two_stream_fn, torch.randn(3, 3, requires_grad=True), torch.randn(3, 3), frontend="jit")
     _, inputs, cap = captured("no_streams")
@@ -318,7 +322,7 @@ UPSTREAM_REJECTED = {("two_branch_mlp", "default"), ("transformer_block", "defau
 @pytest.mark.parametrize("name", list(MODELS))
 def test_upstream_matches_eager_where_it_partitions(name, partitioner, tmp_path, monkeypatch):
     # the seed's graphs, where torch 2.13's partitioner takes them, compute what eager PyTorch computes;
-    # where it rejects them, the test above pins the failure (DESIGN.md correction 7)
+    # where it rejects them, the test above pins the failure (correction 7, chapter 13)
     model, inputs, cap = captured(name)
     monkeypatch.chdir(tmp_path)
     if (name, partitioner) in UPSTREAM_REJECTED:

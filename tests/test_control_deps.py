@@ -1,8 +1,8 @@
 """Tests for streamnb.control_deps: the seed's control_deps wrapping (upstream=True), corrections 6 to 9 (default).
 
-Replicas of upstream tests (test/dynamo/test_streams.py, UPSTREAM.md §3.1) are written on GraphBuilder graphs.
+Replicas of upstream tests (torch's test/dynamo/test_streams.py) are written on GraphBuilder graphs.
 `upstream=True` is compared with torch 2.13's own `wrap_all_sync_nodes_with_control_deps`, which equals the seed's
-on graphs without `wait_stream` (UPSTREAM.md §1).
+on graphs without `wait_stream` (the seed is torch 2.13's `streams.py` without its `wait_stream` handling).
 """
 import operator
 import warnings

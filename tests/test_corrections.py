@@ -12,8 +12,12 @@ from streamnb.graph import CORRECTIONS, corrections_table
 ROOT = Path(__file__).resolve().parent.parent
 
 
+RESERVED = {29, 30}   # issue 45/46's core corrections, made on a branch of their own (holds with or without them)
+
+
 def test_numbers_run_from_one():
-    assert sorted(CORRECTIONS) == list(range(1, len(CORRECTIONS) + 1))
+    numbers = sorted(set(CORRECTIONS) | RESERVED)
+    assert numbers == list(range(1, len(numbers) + 1))
     assert len(CORRECTIONS) >= 11
 
 

@@ -58,7 +58,7 @@ def side_then_home():
 
 
 def crash_graph():
-    "UPSTREAM.md §4: unannotated allocation, non-zero seed estimates, a bwd record_event without val on stream None."
+    "The seed's known defects: unannotated allocation, non-zero seed estimates, a bwd record_event without val on stream None."
     b = GraphBuilder(shape=(64, 64))
     t = b.input("tangents_1")
     w = b.input("primals_1", shape=(64, 4096), tag="is_forward")
@@ -95,7 +95,7 @@ def synced_side_streams(gm, tensor="mul"):
 # ---------------------------------------------------------------- the seed mode = torch's own pass
 
 def torch_sync_deallocations(gm, mechanism, device="H100"):
-    "torch 2.13's sync_deallocations with the device queries and the index sources stubbed (UPSTREAM.md §2.2)."
+    "torch 2.13's sync_deallocations with the device queries and the index sources stubbed."
     spec = get_device_spec(device)
     with mock.patch.object(torch_streams, "new_event", new_event), \
          mock.patch.object(torch_streams, "get_current_stream", get_current_stream), \

@@ -79,4 +79,4 @@ def test_streamnb_timeline_is_clean_at_no_cost(seed, ours):
 
 def test_examples_import_only_the_graph():
     "The shared examples sit low (the chapters' exercises, which use the passes, are in `streamnb.course`)."
-    assert modules_loaded_by("examples") == {"examples", "graph", "fastfx"}
+    assert modules_loaded_by("examples") == {"examples", "graph", "fastfx", "torchprivate"}

@@ -22,8 +22,8 @@ two_streams = partial(abc_graph, 1)
 
 
 def solve(gm):
-    insert(gm, REC, 1, 1, after="a")
-    insert(gm, WAIT, 1, 0, before="c")
+    insert(gm, REC, 2, 1, after="a")
+    insert(gm, WAIT, 2, 0, before="c")
     return gm
 
 
@@ -54,7 +54,7 @@ def test_solutions_pass():
 
 def test_missing_wait_is_a_race():
     a = EX.start()
-    insert(a, REC, 1, 1, after="a")            # the record alone orders nothing
+    insert(a, REC, 2, 1, after="a")            # the record alone orders nothing
     g = check(EX, a)
     assert not g.ok
     # a, made on stream 1, is also returned: the caller reads it on stream 0 unjoined (the worked solution's wait,
@@ -84,8 +84,8 @@ def test_early_free_is_unsafe_reuse():
 
 def test_wait_on_unknown_event():
     a = EX.start()
-    insert(a, WAIT, 1, 0, before="c")          # waits before anything records event 1
-    insert(a, REC, 1, 1, after="c")
+    insert(a, WAIT, 2, 0, before="c")          # waits before anything records event 2
+    insert(a, REC, 2, 1, after="c")
     g = EX.check(a)
     assert "wait_without_record" in [e.kind for e in g.report.errors]
     assert any("waits on an event that no record_event before it records" in p for p in g.problems)
@@ -93,20 +93,20 @@ def test_wait_on_unknown_event():
 
 def test_extra_sync():
     a = solve(EX.start())
-    insert(a, WAIT, 1, 0, before="c")          # a second wait for the same event
+    insert(a, WAIT, 2, 0, before="c")          # a second wait for the same event
     g = EX.check(a)
     (p,) = g.problems
     assert p.startswith("1 sync more than needed (3; the worked solution has 2): wait_event_default_1 (wait_event on "
                         "stream 0). Fix: remove")
     assert (g.syncs, g.best_syncs) == (3, 2) == (count_syncs(a), count_syncs(EX.best()))
-    insert(a, WAIT, 1, 0, before="c")
+    insert(a, WAIT, 2, 0, before="c")
     assert EX.check(a).problems[0].startswith("2 syncs more than needed (4; the worked solution has 2)")
 
 
 def test_slower_placement():
     a = EX.start()
-    insert(a, REC, 1, 1, after="a")
-    insert(a, WAIT, 1, 0, before="b")          # stream 0 idles before b instead of before c
+    insert(a, REC, 2, 1, after="a")
+    insert(a, WAIT, 2, 0, before="b")          # stream 0 idles before b instead of before c
     g = EX.check(a)
     assert g.makespan_us == pytest.approx(8.0) and g.best_makespan_us == pytest.approx(6.0)
     (p,) = g.problems
@@ -120,7 +120,7 @@ def test_deleted_work():
     b = GraphBuilder()
     x = b.input("x")
     a = b.op(aten.mul.Tensor, x, x, stream=1, name="a")
-    b.sync(REC, 1, 1); b.sync(WAIT, 1, 0)
+    b.sync(REC, 2, 1); b.sync(WAIT, 2, 0)
     c = b.op(aten.add.Tensor, a, x, stream=0, name="c")   # the start graph's b dropped
     g = EX.check(b.output(c, a))
     assert not g.ok and g.problems[0].startswith("work missing: node b (aten.neg.default) is gone; fix: put it back")
@@ -162,7 +162,7 @@ def test_edit_helpers_refuse_bad_edits():
     with pytest.raises(StreamnbError, match="use"):
         remove(gm, "b")
     with pytest.raises(StreamnbError, match="exactly one"):
-        insert(gm, WAIT, 1, 0)
+        insert(gm, WAIT, 2, 0)
     assert [n.name for n in gm.graph.nodes] == order
 
 
@@ -279,7 +279,7 @@ WRONG = {
         ("synchronize_event instead", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a"),
                                             _ins(SYNC_EV, 7, before="c")),
          ["node synchronize_event_default: synchronize_event " + HOST, "until event 7 has happened"]),
-        ("synchronize_device instead", _edit(_rm("synchronize_stream_default"), _ins(SYNC_DEV, before="c")),
+        ("synchronize_device instead", _edit(_rm("synchronize_stream_default"), _ins(SYNC_DEV, "cuda", 0, before="c")),
          ["node synchronize_device_default: synchronize_device " + HOST, "until every stream has finished"]),
         ("a record and no wait", _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a")),
          ["race on a: c (stream 0) and a (stream 1)", "wait for it on stream 0 before c"]),
@@ -307,18 +307,18 @@ WRONG = {
          ["node synchronize_stream_default: synchronize_stream " + HOST,
           "record_event(e, 1) after neg, then wait_event(e, 0) before mul and wait_event(e, 2) before sin"]),
         ("sin and cos read tangents_1", _edit(_rewire("sin", "neg", "tangents_1"), _rewire("cos", "neg", "tangents_1"),
-                                              _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+                                              _ins(REC, 3, 1, after="neg"), _ins(WAIT, 3, 0, before="mul")),
          ["work changed: node sin reads tangents_1 instead of neg", "fix: make it read neg again"]),
         ("sin and cos moved to neg's stream", _edit(_stream("sin", 1), _stream("cos", 1),
-                                                    _ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+                                                    _ins(REC, 3, 1, after="neg"), _ins(WAIT, 3, 0, before="mul")),
          ["work changed: node sin runs on stream 1 instead of stream 2", "put it back on stream 2"]),
         # sin and cos (stream 2) are returned: joined to stream 0 as the task says, so the extra wait is the only mistake;
         # the worked solution (correction 17) has 5 syncs: 3, and the join's record and wait
-        ("a wait per consumer", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul"),
-                                      _ins(WAIT, 1, 2, before="sin"), _ins(WAIT, 1, 2, before="cos"),
-                                      _ins(REC, 2, 2, after="cos"), _call(lambda gm: _join(gm, 2, 0))),
+        ("a wait per consumer", _edit(_ins(REC, 3, 1, after="neg"), _ins(WAIT, 3, 0, before="mul"),
+                                      _ins(WAIT, 3, 2, before="sin"), _ins(WAIT, 3, 2, before="cos"),
+                                      _ins(REC, 4, 2, after="cos"), _call(lambda gm: _join(gm, 4, 0))),
          ["1 sync more than needed (6; the worked solution has 5): wait_event_default_2 (wait_event on stream 2)"]),
-        ("stream 2 forgotten", _edit(_ins(REC, 1, 1, after="neg"), _ins(WAIT, 1, 0, before="mul")),
+        ("stream 2 forgotten", _edit(_ins(REC, 3, 1, after="neg"), _ins(WAIT, 3, 0, before="mul")),
          ["race on neg: sin (stream 2) and neg (stream 1)", "wait for it on stream 2 before sin"]),
     ],
     "course.dealloc_exercise": [   # the seed's sync_dealloc_default right after mm's record: stream 0 stalls
@@ -340,10 +340,15 @@ WRONG = {
         ("nothing wrapped", _edit(),
          ["reorder hazard on p: c0 and p are ordered only by program order", "wrap the syncs between them in control_deps"]),
         ("only the record", _edit(_wrap({"record_event_default": ["p"]})),
-         ["reorder hazard on p:", "control_deps"]),
+         ["reorder hazard on p:", "thread p through the wait"]),
         ("the record and the first wait", _edit(_wrap({"record_event_default": ["p"],
                                                        "wait_event_default": ["record_event_default", "p"]})),
-         ["reorder hazard on p: c2 and", "control_deps"]),
+         ["reorder hazard on p: c2 and", "thread p through the wait before c2"]),
+        ("the seed's deps (the chapter's first attempt)",
+         _edit(_wrap({"record_event_default": ["p"], "wait_event_default": ["record_event_default"],
+                      "wait_event_default_1": ["record_event_default"], "record_event_default_1": ["c2"],
+                      "wait_event_default_2": ["record_event_default_1", "c0"]})),
+         ["reorder hazard on p:", "thread p through the wait"]),
     ],
     "course.wrapper_exercise": [   # copy_ writes back mul (stream 1), copy__1 add (stream 0)
         ("no waits", _edit(), ["race on mul: copy_ (stream 0) and mul (stream 1)", "before copy_"]),
@@ -353,7 +358,7 @@ WRONG = {
         # both sides, and the second wait for stream 1 is the one too many
         ("a wait before each copy", _edit(_ins(WAIT_STREAM, 0, 1, before="copy_"), _ins(WAIT_STREAM, 0, 1, before="copy__1")),
          ["1 sync more than needed (3; the worked solution has 2): wait_stream_default_2 (wait_stream on stream 0, stream 1)"]),
-        ("synchronize the device first", _edit(_ins(SYNC_DEV, before="copy_")),
+        ("synchronize the device first", _edit(_ins(SYNC_DEV, "cuda", 0, before="copy_")),
          ["node synchronize_device_default: synchronize_device " + HOST, "wait_event(e, 0) before copy_"]),
     ],
     "course.pipeline_exercise": [
@@ -474,3 +479,82 @@ def test_slower_without_a_longer_wait_names_the_late_node():
     tl_best, tl = exmod.simulate(EX.best(), cost=EX.cost), exmod.simulate(a, cost=EX.cost)
     assert tl.spans["b"][1] > tl_best.spans["b"][1]
     assert exmod._later(EX.best(), a, EX.cost).startswith(": node b starts at 5 µs instead of 0 µs. Fix: issue it")
+
+
+def _apply_fixes(ex, gm, grade):
+    for e in grade.fixes:
+        gm = e.apply(gm)
+    return gm
+
+
+# wrong answers whose mending is to run a pass again, not an edit of the graph: chapter 10's answer is a stream for
+# `acc` and then `insert_backward_syncs`; chapter 15's a pipeline with a pass left out
+NOT_MECHANICAL = {("course.acc_exercise", "acc on the main stream"), ("course.acc_exercise", "acc on neg's stream"),
+                  ("course.acc_exercise", "the start graph"), ("course.pipeline_exercise", "the start graph"),
+                  ("course.pipeline_exercise", "no passes"), ("course.pipeline_exercise", "without control_deps"),
+                  ("course.pipeline_exercise", "without the dealloc pass")}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_applying_every_printed_fix_in_order_gives_a_correct_answer(name):
+    "Each wrong answer: the grade's fixes, applied in order as printed, make it correct (combined per stream pair)."
+    ex = all_exercises()[name]()
+    for mistake, make, _ in [*WRONG[name], ("the start graph", _edit(), None)]:
+        if (name, mistake) in NOT_MECHANICAL or ex.check(make(ex), fixes=False).ok: continue
+        g = ex.check(make(ex))
+        assert g.fixes and g.fixed, f"{name}, {mistake}: no complete fix:\n{g}"
+        assert "fix, in order" in str(g) and all(str(e) in str(g) for e in g.fixes)
+        fixed = ex.check(_apply_fixes(ex, make(ex), g))
+        assert fixed.ok, f"{name}, {mistake}: the fixes\n{g}\ngive\n{fixed}"
+
+
+@pytest.mark.parametrize("edits, said", [
+    ((_ins(REC, 7, 0, after="b"), _ins(WAIT, 7, 0, before="c")),
+     "(a wrong sync: wait_event_default waits for event 7, recorded by record_event_default on stream 0, not on stream 1)"),
+    ((_ins(REC, 7, 1, after="a"), _ins(WAIT, 7, 1, before="c")),
+     "(a wrong sync: wait_event_default waits for event 7 (recorded after a) on stream 1, not on stream 0, where c runs)"),
+    ((_ins(REC, 7, 1, before="a"), _ins(WAIT, 7, 0, before="c")),
+     "(a wrong sync: wait_event_default waits for event 7, recorded by record_event_default before a: it marks stream 1's "
+     "work before a)"),
+])
+def test_a_present_but_wrong_sync_is_named(edits, said):
+    "A record/wait pair that is there but orders the wrong thing: the race names the wait and what is wrong with it."
+    from streamnb.primer import wait_exercise
+    ex = wait_exercise()
+    a = _edit(_rm("synchronize_stream_default"), *edits)(ex)
+    g = ex.check(a)
+    assert any(p.startswith("race on a: c (stream 0) and a (stream 1)") and said in p for p in g.problems), str(g)
+    assert g.fixed and ex.check(_apply_fixes(ex, _edit(_rm("synchronize_stream_default"), *edits)(ex), g)).ok
+
+
+def test_a_host_sync_as_the_output_join_is_replaced_not_just_removed():
+    "A host sync that only joins the outputs: its fix waits before the output instead (removing it leaves them unjoined)."
+    from streamnb.primer import wait_exercise
+    ex = wait_exercise()
+    make = _edit(_rm("synchronize_stream_default"), _ins(REC, 7, 1, after="a"), _ins(WAIT, 7, 0, before="c"),
+                 _rm("wait_event_default"), _ins(SYNC_ST, 1, before="c"))   # the host sync orders c and the output
+    g = ex.check(make(ex))
+    assert any("before c" in p and p.startswith("node synchronize_stream_default_1: synchronize_stream blocks the host")
+               for p in g.problems), str(g)
+    assert ex.check(_apply_fixes(ex, make(ex), g)).ok
+    only_join = _edit(_mv("synchronize_stream_default", before="output"))(ex)   # c unordered too
+    assert any("wait_event(e, 0) before output" in p for p in ex.check(only_join).problems), str(ex.check(only_join))
+
+
+def test_pre_answer_attempts_show_problems_not_fixes():
+    from streamnb.primer import wait_exercise
+    ex = wait_exercise()
+    g = ex.check(ex.start())
+    text = g.without_fixes()
+    assert "Fix" not in text and "fix" not in text and "insert(" not in text, text
+    assert len(text.splitlines()) == 1 + len(g.problems)
+
+
+def test_the_course_graphs_use_indices_torch_could_run():
+    "Every exercise's start graph and worked solution, and the primer's graphs: no index both an event and a stream."
+    from streamnb.primer import ABC_SYNCS, abc_graph, reuse_graph, PROTECTIONS
+    from streamnb.streamops import check_stream_ops
+    graphs = [g for f in all_exercises().values() for g in (f().start(), f().best())]
+    graphs += [abc_graph(1, s, early=e) for s in ABC_SYNCS for e in (False, True)]
+    graphs += [reuse_graph(protect=p) for p in (None, *PROTECTIONS)]
+    for gm in graphs: check_stream_ops(gm, one_table=True)

@@ -153,7 +153,7 @@ def new_value_then(sync: str, device="meta", sync_tag="is_forward"):
     new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
     if sync == "wait_stream": b.sync(streams.wait_stream.default, 0, 1, tag=sync_tag)
     elif sync == "record_event": b.sync(streams.record_event.default, 5, 1, tag=sync_tag)
-    elif sync == "synchronize_device": b.sync(streams.synchronize_device.default, tag=sync_tag)
+    elif sync == "synchronize_device": b.sync(streams.synchronize_device.default, "cuda", 0, tag=sync_tag)
     elif sync == "wait_stream_other": b.sync(streams.wait_stream.default, 0, 2, tag=sync_tag)   # joins stream 2 only
     return b.output(new, b.op(aten.neg.default, new, stream=0, tag="is_forward"))
 

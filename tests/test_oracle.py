@@ -23,7 +23,7 @@ streams = torch.ops.streams
 logging.getLogger("torch._inductor.utils").setLevel(logging.ERROR)
 
 # ----------------------------------------------------------------------------------------------------------------
-# Hand-written scenarios (UPSTREAM.md §2.4); each returns a fresh graph
+# Hand-written scenarios; each returns a fresh graph
 # ----------------------------------------------------------------------------------------------------------------
 
 

@@ -31,3 +31,14 @@ def test_the_readme_block_runs_as_written(device, tmp_path, monkeypatch, capsys)
     cx = env["switch"].explain(env["graphs"])
     assert [r["graph"] for r in cx.summary()] == ["forward 0", "backward 0"] and cx.summary()[1]["errors"] == 0
     assert "backward 0" in out
+
+
+def test_the_first_screen_states_the_model_and_the_seed():
+    "The README's first screen says what the sanitizer checks, under which assumptions, and what upstream=True is."
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    first = text[:text.find("## Two commands")]
+    for said in ("What the sanitizer checks, and under which assumptions", 'inputs_ready="made"', "no race\nunder that model",
+                 "`upstream=True` reproduces the seed node for node", "torch 2.13", "not later\nPyTorch"):
+        assert said.replace("\n", " ") in first.replace("\n", " "), said
+    assert "proves a graph" not in first

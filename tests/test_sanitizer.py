@@ -404,7 +404,7 @@ def test_safe_by_construction_is_not_vacuous():
     assert any("race" in sanitize(strip_waits(safe_graph(s, free_mid_graph=False))).kinds for s in range(40))
 
 
-# ---- the seed's defects (DESIGN.md): the seed's pass gives a graph the sanitizer flags, the default one it passes
+# ---- the seed's defects (the README's table of corrections): the seed's pass gives a graph the sanitizer flags, the default one it passes
 from streamnb.graph import use_registry  # noqa: E402
 
 

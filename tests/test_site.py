@@ -587,3 +587,93 @@ def test_each_check_catches_its_failure(tmp_path):
     assert round(png_dpi(tmp_path / "f.png")) == 100
     shrunk = figure_text_px({"shown": 400, "natural": 800}, tmp_path / "f.png", 7)   # shown at half its width
     assert shrunk < MIN_TEXT_PX <= figure_text_px({"shown": 800, "natural": 800}, tmp_path / "f.png", 7)
+
+
+# --- a laptop's width: 1280 and 1024 px ---
+
+LAPTOP_WIDTHS = (1280, 1024)
+_HASH_ALT = re.compile(r"^[0-9a-f]{16,}(\.png)?$|^$")
+
+_LAPTOP_JS = """() => {
+  const W = document.documentElement.clientWidth;
+  const main = document.querySelector('article[role=main]') || document.body;
+  return {
+    scroll: document.documentElement.scrollWidth - W,
+    cut: Array.from(main.querySelectorAll('.cell_output pre')).filter(p => p.scrollWidth > p.clientWidth + 1)
+           .map(p => p.textContent.trim().slice(0, 60)),
+    tables: Array.from(main.querySelectorAll('table')).filter(t => t.getBoundingClientRect().right > W + 1)
+           .map(t => t.textContent.trim().slice(0, 60)),
+    figs: Array.from(main.querySelectorAll('.cell_output img')).map(i => ({src: i.getAttribute('src'), alt: i.alt,
+           natural: i.naturalWidth, shown: i.getBoundingClientRect().width, zoom: getComputedStyle(i).cursor})),
+  };
+}"""
+
+# each fault the checks must catch, made on a page that has them all: a wide block, an output line that does not
+# wrap, a table wider than the page, a figure with a file name for alt text and shown at a third of its width
+_BREAK_JS = """() => {
+  const main = document.querySelector('article[role=main]') || document.body;
+  const wide = document.createElement('div'); wide.style.width = '3000px'; wide.textContent = 'x'; main.appendChild(wide);
+  const out = document.createElement('div'); out.className = 'cell_output';
+  out.innerHTML = '<pre style="white-space: pre; overflow-x: auto">' + 'a grade line '.repeat(40) + '</pre>' +
+                  '<table style="display: table; width: 2500px; max-width: none"><tr><td>wide table</td></tr></table>' +
+                  '<img alt="0a1b2c3d4e5f60718293a4b5c6d7e8f9.png" style="width: 200px">';
+  main.appendChild(out);
+  const src = document.querySelector('.cell_output img'); if (src) out.querySelector('img').src = src.src;
+  return new Promise(r => setTimeout(r, 200));
+}"""
+
+
+@pytest.fixture(scope="module")
+def laptop(crawl, server, browser):
+    "Every page at 1280 and 1024 px: what overflows, and each figure as shown; and one page broken on purpose."
+    seen, page = {}, browser.new_page()
+    for w in LAPTOP_WIDTHS:
+        page.set_viewport_size({"width": w, "height": 800})
+        for rel in crawl["pages"]:
+            page.goto(server + quote(rel), wait_until="networkidle")
+            page.evaluate("() => Promise.all(Array.from(document.images).map(i => { i.loading = 'eager'; "
+                          "return i.decode().catch(() => null); }))")
+            seen[(w, rel)] = page.evaluate(_LAPTOP_JS)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(server + quote(crawl["chapter"]), wait_until="networkidle")
+    page.evaluate(_BREAK_JS)
+    broken = page.evaluate(_LAPTOP_JS)
+    page.close()
+    return {"seen": seen, "broken": broken}
+
+
+def laptop_problems(m: dict, rel: str, w: int, out: Path | None = None, pt: float | None = None) -> list[str]:
+    "What is wrong with one page at width `w`, as measured by `_LAPTOP_JS` (figure text needs `out` and `pt`)."
+    bad = [f"{w}px {rel}: the page scrolls sideways by {m['scroll']} px"] if m["scroll"] > 0 else []
+    bad += [f"{w}px {rel}: an output line is cut (no wrap): {t!r}" for t in m["cut"]]
+    bad += [f"{w}px {rel}: a table runs past the page: {t!r}" for t in m["tables"]]
+    for f in m["figs"]:
+        if _HASH_ALT.match(f["alt"] or "") or not f["alt"].startswith("figure"):
+            bad.append(f"{w}px {rel}: figure {f['src']} has alt text {f['alt']!r}, not its title")
+        r = _resolve(rel, f["src"]) if out is not None and f["src"] else None
+        if w == 1280 and r and f["natural"] and (out / r[0]).is_file():
+            px = figure_text_px(f, out / r[0], pt)
+            if px < MIN_TEXT_PX and f["zoom"] != "zoom-in":   # small, and no enlargement on a click either
+                bad.append(f"{w}px {rel}: figure {f['src']} text {px:.1f} px and no enlargement on click")
+    return bad
+
+
+def test_a_laptop_width_shows_every_page_whole(site, laptop):
+    """At 1280 and 1024 px: no page scrolls sideways, output lines wrap, tables stay within the page, every figure's
+    alt text comes from its title, and at 1280 figure text is at least 8 px as shown (or a click enlarges it)."""
+    pt, bad, small = smallest_font_pt(), [], []
+    for (w, rel), m in laptop["seen"].items():
+        bad += laptop_problems(m, rel, w, site["out"], pt)
+        small += [figure_text_px(f, site["out"] / r[0], pt) for f in m["figs"] if w == 1280 and f["natural"]
+                  and (r := _resolve(rel, f["src"])) and (site["out"] / r[0]).is_file()]
+    print(f"laptop widths: {len(laptop['seen'])} page views; figure text at 1280 px: smallest "
+          f"{min(small, default=0):.1f} px, {sum(px < MIN_TEXT_PX for px in small)} of {len(small)} under "
+          f"{MIN_TEXT_PX} px (enlarged on click)")
+    assert not bad, f"{len(bad)} problems at a laptop's width:\n" + "\n".join(bad[:30])
+
+
+def test_the_laptop_checks_catch_each_fault(site, laptop):
+    "A page broken on purpose (a wide block, an unwrapped output, a wide table, a file name as alt text): each caught."
+    bad = "\n".join(laptop_problems(laptop["broken"], "broken.html", 1280))
+    for said in ("scrolls sideways", "output line is cut", "table runs past the page", "not its title"):
+        assert said in bad, f"{said!r} not caught:\n{bad}"

@@ -183,7 +183,7 @@ def test_simulator_and_sanitizer_agree_on_the_current_stream():
 
 
 def test_streamops_imports_only_layer_0():
-    assert modules_loaded_by("streamops") == {"streamops", "graph", "fastfx"}
+    assert modules_loaded_by("streamops") == {"streamops", "graph", "fastfx", "torchprivate"}
     assert streamops.__all__ == [n for n in streamops.__all__ if not n.startswith("_")]
 
 
@@ -371,9 +371,10 @@ BAD = {
     "huge event": (streams.synchronize_event.default, (2**70,), {}, "is not an int in [0, 2**63-1]"),
     "extra arg": (streams.wait_event.default, (7, 1, 2), {}, "takes 2 arguments"),
     "unknown kwarg": (streams.wait_event.default, (7, 1), {"stream": 2}, "takes 2 arguments"),
-    "sync_dealloc without tensor": (streams.sync_dealloc.default, (7, 0), {}, "must be a tensor node, got nothing"),
+    "sync_dealloc without tensor": (streams.sync_dealloc.default, (7, 0), {}, "is missing its argument 'to_dealloc'"),
     "sync_dealloc with an int": (streams.sync_dealloc.default, (7, 0, 3), {}, "must be a tensor node"),
-    "record_stream without tensor": (streams.record_stream.default, (), {"stream_index": 1}, "must be a tensor node"),
+    "record_stream without tensor": (streams.record_stream.default, (), {"stream_index": 1}, "is missing its argument 'tensor'"),
+    "synchronize_device without its device": (streams.synchronize_device.default, (), {}, "missing its argument 'device_type'"),
 }
 
 
@@ -389,9 +390,28 @@ def test_malformed_stream_op_is_an_error_naming_the_node(case):
     assert isinstance(e.value, StreamnbError) and gm.graph.python_code("self").src == before
 
 
-def test_synchronize_device_needs_no_index():
-    gm, n = with_call(streams.synchronize_device.default)   # the primer writes it so; nothing in it is read
+def test_synchronize_device_takes_its_device():
+    "torch 2.13's dynamo turns `torch.cuda.synchronize()` into `synchronize_device('cuda', 0)`: the zero-argument form fails."
+    gm, n = with_call(streams.synchronize_device.default, ("cuda", 0))
     assert decode(n).kind == "synchronize_device"
+    gm, n = with_call(streams.synchronize_device.default)
+    with pytest.raises(StreamOpError, match="missing its argument 'device_type'"):
+        decode(n)
+
+
+def test_one_table_refuses_an_event_index_used_as_a_stream():
+    "torch keeps streams and events in one table: `check_stream_ops(one_table=True)` refuses an index used as both."
+    from streamnb.graph import GraphBuilder, aten
+    def graph(event):
+        b = GraphBuilder()
+        x = b.input("x")
+        y = b.op(aten.mul.Tensor, x, x, stream=1)
+        b.sync(streams.record_event.default, event, 1); b.sync(streams.wait_event.default, event, 0)
+        return b.output(b.op(aten.add.Tensor, y, x, stream=0))
+    assert len(check_stream_ops(graph(1))) == 2                     # the model alone accepts it
+    with pytest.raises(StreamOpError, match="event index 1 is also a stream index"):
+        check_stream_ops(graph(1), one_table=True)
+    assert len(check_stream_ops(graph(2), one_table=True)) == 2
 
 
 def corrupt(how):

@@ -558,12 +558,12 @@ def _sync_answer(ex, waits_before, join=True):
     from streamnb.course import join_before_output
     from streamnb.exercises import node
     gm = ex.start()
-    insert_record_event_after_node(gm.graph, node(gm, "neg"), 1)
+    insert_record_event_after_node(gm.graph, node(gm, "neg"), 3)   # events 3 and 4: not stream indices (one table)
     for name in waits_before:
-        insert_wait_event_before_node(gm.graph, node(gm, name), 1)
+        insert_wait_event_before_node(gm.graph, node(gm, name), 3)
     if join:   # sin and cos (stream 2) are returned: the caller's stream 0 waits for them
-        insert_record_event_after_node(gm.graph, node(gm, "cos"), 2)
-        join_before_output(gm, 2, 0)
+        insert_record_event_after_node(gm.graph, node(gm, "cos"), 4)
+        join_before_output(gm, 4, 0)
     return gm
 
 

@@ -80,7 +80,7 @@ def test_misconceptions_answered_with_a_pointer(nb):
     for m in MISCONCEPTIONS:
         i = md.find(m)
         assert i >= 0, m
-        para = md[i:md.find("\n\n", i) if md.find("\n\n", i) > 0 else None]
+        para = md[i:md.find("</details>", i)]   # the sentence and its answer, collapsed
         cited = re.findall(r"`(\d+[a-z]?_\w+)`", para) + re.findall(r"primer's (?:section )?\"([^\"]+)\"", para)
         assert cited, f"{m}: no pointer into the course"
         for name in re.findall(r"`(\d+[a-z]?_\w+)`", para): assert (NBS / f"{name}.ipynb").exists(), name
@@ -91,3 +91,19 @@ def test_the_page_runs():
     from nbdev.test import test_nb
     ok, _ = test_nb(PAGE, skip_flags=["cuda"])
     assert ok
+
+
+def test_no_answer_before_the_class_answers(nb):
+    """The answers stay collapsed until the teacher opens them, in Jupyter and on the site: the answer cells are folded
+    and print nothing (their asserts hold the numbers), each misconception's answer and each explanation after a
+    question sits in a <details> block."""
+    for c in nb.cells:
+        if c.cell_type == "code" and "code-fold: true" in c.source:
+            assert "print(" not in c.source and not c.get("outputs"), c.source[:80]
+    md = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    i = next(k for k, s in enumerate(md) if "## Misconceptions" in s)
+    for s in md[i:]:
+        for m in re.finditer(r'^\*\*".+?"\*\*(.*)$', s, re.M):
+            assert m.group(1).strip() == "", m.group(0)          # nothing after the sentence on its line
+            assert s[m.end():].lstrip().startswith("<details>"), m.group(0)
+    assert sum("<details>" in s for s in md) >= len(MISCONCEPTIONS) + 1

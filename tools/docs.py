@@ -154,6 +154,15 @@ def png_width(out) -> int:
     return struct.unpack(">I", head[16:20])[0]
 
 
+def figure_alt(code: str) -> str:
+    "A figure's alt text: the titles its cell gives it (`title=`, `titles=[...]`), else the call that draws it."
+    titles = [t for m in re.findall(r"""\btitles?\s*=\s*(\[[^\]]*\]|f?["'][^"']*["'])""", code)
+              for t in re.findall(r"""["']([^"'{}]+)["']""", m)]
+    if titles: return "figure: " + "; ".join(titles)
+    calls = [ln.strip() for ln in code.splitlines() if re.search(r"\bplot\w*\(|\.(?:plot|imshow|bar)\(", ln)]
+    return "figure drawn by " + (calls[0] if calls else code.strip().splitlines()[-1] if code.strip() else "this cell")[:150]
+
+
 def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.NotebookNode, dict]:
     nb = nbformat.read(src, as_version=4)
     dflt = default_exp(nb)
@@ -191,6 +200,8 @@ def process_notebook(src: Path, rel: str, page: str, cfg) -> tuple[nbformat.Note
             meta["tags"].append("hide-input")
             meta["mystnb"] = {"code_prompt_show": SOLUTION[0], "code_prompt_hide": SOLUTION[1]}
             if out_hidden: meta["tags"].append("hide-output")   # an output that gives the answer away: collapsed too
+        if any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):   # alt text: the figure's titles
+            meta.setdefault("mystnb", {})["image"] = {"alt": figure_alt(code)}
         target = _export_target(dirs, dflt)
         if target:
             names = defined_names(code)
@@ -353,6 +364,11 @@ SITE_CSS = """/* written by tools/docs.py: figures readable at their displayed s
 @media (min-width: 67em) {
   .cell_output img.streamnb-wide { max-width: min(var(--natural-width, 100%), calc(100vw - max(15em, 50vw - 26em) - 6em)); }
 }
+/* outputs wrap: a grade's line is read whole, not cut at the column's edge */
+.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+/* tables stay within the page: their cells wrap, and a table still too wide scrolls inside itself */
+article table { display: block; max-width: 100%; overflow-x: auto; }
+article table td, article table th { overflow-wrap: anywhere; }
 .streamnb-zoom { position: fixed; inset: 0; z-index: 1000; background: rgba(0,0,0,.8); display: flex;
   align-items: center; justify-content: center; cursor: zoom-out; }
 .streamnb-zoom img { max-width: 98vw; max-height: 98vh; background: white; }
@@ -361,8 +377,12 @@ SITE_JS = """// written by tools/docs.py: a plot wider than the text column grow
 document.addEventListener('DOMContentLoaded', () => {
   document.querySelectorAll('.cell_output img').forEach(img => {
     const widen = () => { if (img.naturalWidth > img.parentElement.clientWidth) {
-      img.style.setProperty('--natural-width', img.naturalWidth + 'px'); img.classList.add('streamnb-wide'); } };
+      // as wide as its natural width, the room left of the window's edge allows (never a sideways scroll)
+      const room = document.documentElement.clientWidth - img.parentElement.getBoundingClientRect().left - 16;
+      img.style.setProperty('--natural-width', Math.min(img.naturalWidth, room) + 'px');
+      img.classList.add('streamnb-wide'); } };
     if (img.complete) widen(); else img.addEventListener('load', widen);
+    window.addEventListener('resize', () => { img.classList.remove('streamnb-wide'); widen(); });
     img.title = img.title || 'click to enlarge';
     img.addEventListener('click', () => {
       const box = document.createElement('div'); box.className = 'streamnb-zoom';

@@ -4,7 +4,8 @@ Rules (what the test checks):
 - a module imports only modules listed before it in `LAYERS`, and never inside a function body;
 - `LAYERS` lists the modules in notebook order (a module's notebook is the one whose `#| default_exp` names it), except
   `OUT_OF_ORDER`, each with its reason;
-- an appendix module (notebook `9x`) imports no streamnb module, so any chapter may use it;
+- an appendix module (notebook `9x`) imports no streamnb module but another appendix (`fastfx` imports
+  `torchprivate`), so any chapter may use it;
 - only the modules in `GRADED` import the graders (`exercises`).
 
     python tools/layers.py           # print the table CONTRIBUTING.md shows
@@ -17,7 +18,8 @@ from pathlib import Path
 
 # (row, modules in reading order, their job)
 LAYERS = [
-    ("vocabulary", ["fastfx", "graph"], "the FX fast path behind one guarded loader (appendix); the vocabulary, the "
+    ("vocabulary", ["torchprivate", "fastfx", "graph"], "the one fence for torch's private names (appendix); the FX "
+     "fast path behind one guarded loader (appendix); the vocabulary, the "
      "registry, the corrections registry, `stream_pass` and `transaction`"),
     ("stream ops", ["streamops"], "the one decoding of stream ops (`OPS`), vector clocks, aliases and storage"),
     ("cost", ["cost", "contention"], "the roofline estimate and the device table; how concurrent kernels share the device"),
@@ -39,7 +41,9 @@ LAYERS = [
 ]
 
 OUT_OF_ORDER = {
-    "fastfx": "an appendix (90): it imports no streamnb module, and the simulator, the sanitizer and the pipeline use it",
+    "torchprivate": "an appendix (91): it imports no streamnb module, and every module that reaches a private torch name "
+                    "(the appendix `fastfx` too) goes through it",
+    "fastfx": "an appendix (90): it imports only the appendix `torchprivate`, and the simulator, the sanitizer and the pipeline use it",
     "course": "assembled from the pass chapters: its notebook (09a) holds its docstring and its imports of the passes, "
               "and chapters 10 to 15 each add their exercise (nbdev appends to a module only after its own notebook)",
     "primer": "the course's front page (00) is read first but is built on the library: its module (the primer's graphs "

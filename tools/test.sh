@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 export MPLBACKEND=Agg
 bash tools/check_sync.sh
 nbdev_test --n_workers 2
-pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_notebooks.py
+pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_notebooks.py --durations=15
