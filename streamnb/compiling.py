@@ -410,6 +410,7 @@ def _causes(gm: GraphModule) -> list[tuple[Node, str]]:
                     "read (torch 2.13's wrap pass sets none; PR #192538). The default mode sets them"))
     return out
 
+# %% ../nbs/20_compile.ipynb #3dd233d7
 def diagnose(gm: GraphModule, error: str = "") -> str | None:
     """Why AOTAutograd rejects the processed graph `gm`, if it is one of the seed's defects streamnb knows (see above):
     each one found, those whose node torch's `error` names first."""

@@ -151,9 +151,9 @@ def _read_across_later(v: Node, visited: set[Node]) -> bool:
 # %% ../nbs/13_control_deps.ipynb #45be031e
 def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], visited: set[Node], recorded_on: int,
                                    values: dict[int | None, list[Node]],
-                                   backward_syncs: set[Node] = frozenset()) -> list[Node]:
+                                   backward_syncs: set[Node] = frozenset(), joint: bool = True) -> list[Node]:
     """Values from `recorded_on` read after `wait` on stream `waiting` by a node that nothing orders after the wait
-    (never a forward value but an input if `wait` is one of the `backward_syncs`: correction 7)."""
+    (never a forward value if `wait` is one of the `backward_syncs` of a `joint` graph: correction 7)."""
     ordered, extra = set(deps), []
     keys = [recorded_on] + ([None] if get_registry().is_current_stream(recorded_on) else [])
     for key in keys:
@@ -162,7 +162,8 @@ def _unordered_cross_stream_inputs(wait: Node, waiting: int, deps: list[Node], v
         # read across streams stay, so each wait looks at a few values, not at every value of the stream so far.
         values[key] = [v for v in values.get(key, []) if _read_across_later(v, visited)]
         for v in values[key]:
-            if v in ordered or (wait in backward_syncs and _is_forward_value(v) and v.op != "placeholder"): continue
+            if v in ordered or (wait in backward_syncs and _forward_only(v, joint)): continue
+            if wait not in backward_syncs and _backward_input(v): continue   # a forward sync: never a tangent (7)
             if any(u not in visited and _is_consumer(u, waiting) and get_stream(u) != get_stream(v)
                    and not _depends_on_any(u, ordered, visited) for u in v.users):
                 extra.append(v); ordered.add(v)
@@ -246,14 +247,15 @@ def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
     if sync.meta.get("partitioner_tag") not in FWD_TAGS: return deps
     return [d for d in deps if not (d.op == "placeholder" and is_bwd_node(d))]
 
+# %% ../nbs/13_control_deps.ipynb #9e52b834
 def _entry_values(wait: Node, deps: list[Node], visited: set[Node], waiting: int | None,
-                  backward_syncs: set[Node]) -> list[Node]:
+                  backward_syncs: set[Node], joint: bool = True) -> list[Node]:
     """The values made before the graph that a correction-29 wait orders (its `meta['entry_reads']`, chapter 11), to
     thread through it: what reads them later on its stream then depends on the wait (a backward wait: no forward value
     but an input). A value an earlier sync passed through is read through its getitem: that is what is threaded."""
-    vs = [v for v in wait.meta.get("entry_reads", ()) if not (wait in backward_syncs and _is_forward_value(v)
-                                                            and v.op != "placeholder")]
+    vs = [v for v in wait.meta.get("entry_reads", ()) if not (wait in backward_syncs and _forward_only(v, joint))]
     return [c for v in vs for c in _carriers(v) if c not in deps
+            and not (wait in backward_syncs and _forward_only(c, joint))
             and any(u not in visited and _is_consumer(u, waiting) for u in c.users)]
 
 def _carriers(v: Node) -> list[Node]:
@@ -266,6 +268,32 @@ def _carriers(v: Node) -> list[Node]:
                 i = u.args.index(c, 2) - 1
                 todo += [g for g in u.users if g.target is operator.getitem and g.args[1] == i]
     return out
+
+# %% ../nbs/13_control_deps.ipynb #d7d9674c
+def _forward_only(v: Node, joint: bool) -> bool:
+    """May a backward sync not pass `v` through (correction 7)? A forward value of a joint graph: the partitioner would
+    count the sync as forward. A graph the passes run on `as_backward` (no forward compute) has inputs only, tagged forward."""
+    if v.op == "placeholder":   # in a joint graph every input but the backward's own (the tangents) is the forward's
+        return joint and not _backward_input(v)
+    return _is_forward_value(v)
+
+def _backward_input(v: Node) -> bool:
+    "Is `v` an input of the backward alone (a tangent: AOTAutograd names them `tangents_*`)?"
+    return v.op == "placeholder" and (is_bwd_node(v) or v.name.startswith("tangents"))
+
+# %% ../nbs/13_control_deps.ipynb #0ebb5157
+def _inputs_as_values(w) -> None:
+    "The graph's inputs are values of the stream that made them (unless its graph says they are ready everywhere)."
+    ins = [p.name for p in w.graph.find_nodes(op="placeholder")]   # a joint graph's: AOTAutograd's primals and tangents
+    w.joint = any(i.startswith("tangents") for i in ins) and all(i.startswith(("primals", "tangents")) for i in ins)
+    for p in w.graph.find_nodes(op="placeholder"):
+        if p.meta.get("ready_on") != "everywhere": w.values.setdefault(get_stream(p), []).append(p)
+
+def _crossing_inputs(w, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
+    "Correction 6 (and 29's entry waits): what a crossing wait threads through, so its stream's later readers follow it."
+    extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs, w.joint)
+    extra += _entry_values(wait, deps + extra, w.visited, waiting, w.backward_syncs, w.joint)
+    return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
 
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
 def _backward_syncs(graph: torch.fx.Graph, ops: dict[Node, StreamOp] | None = None) -> set[Node]:
@@ -515,8 +543,7 @@ class CorrectedWrap(_SyncAnchors):
         w.values, w.memory = {}, _memory_after_waits(w.gm, self.decoded)   # values per stream; wait -> its accesses (6)
         w.deallocs = _deallocs_by_record(w.graph, self.decoded)      # record_event -> the sync_deallocs waiting for it (9)
         w.forward_ctrls, w.backward_syncs = set(), _backward_syncs(w.graph, self.decoded)   # forward syncs' ctrls; (7)
-        for p in w.graph.find_nodes(op="placeholder"):   # inputs made on a stream are values of it too (6, 29)
-            if p.meta.get("ready_on") != "everywhere": w.values.setdefault(get_stream(p), []).append(p)
+        _inputs_as_values(w)                                         # (6, 29)
     def stream_deps(self, nodes: list[Node]) -> list[Node]: return _frontier(_chained(nodes))  # 8, 21
     def after_sync(self, w: _Walk, stream: int | None, ctrl: Node | None) -> None:            # 8
         w.stream_to_nodes[stream] = [] if ctrl is None else [ctrl]
@@ -534,9 +561,7 @@ class CorrectedWrap(_SyncAnchors):
         return _drop_forward(deps, w.forward_ctrls) if node in w.backward_syncs else _drop_tangents(node, deps)
     def tuple_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return _through_getitems(deps, w.visited)   # 14
     def consumers_inputs(self, w: _Walk, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:   # 6
-        extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs)
-        extra += _entry_values(wait, deps + extra, w.visited, waiting, w.backward_syncs)   # an entry wait's inputs (29)
-        return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
+        return _crossing_inputs(w, wait, deps, recorded_on, waiting)
     def external_wait_deps(self, w: _Walk, deps: list[Node]) -> list[Node]: return [*w.graph.find_nodes(op="placeholder"), *deps]  # 12
     def wrapped(self, w: _Walk, node: Node, ctrl: Node, passthrough: list[Node]) -> None:
         for n in passthrough: w.values.setdefault(get_stream(n), []).append(n)

@@ -568,6 +568,7 @@ def _copy(gm: GraphModule) -> GraphModule:
     ns._used_names, ns._base_count = set(old._used_names) | ns._used_names, {**ns._base_count, **old._base_count}
     return g
 
+# %% ../nbs/08_exercises.ipynb #b59c8f09
 def _mends(ex, gm: GraphModule, edits: list[Edit], e: Finding) -> bool:
     "True if `edits` remove the finding `e` and slow nothing down."
     g = _copy(gm)

@@ -208,15 +208,12 @@ def get_stream_or_current_stream(node: Node) -> int:
 
 # %% ../nbs/01_graph.ipynb #e666d31c
 class GraphBuilder:
-    """Build a small backward-like `GraphModule` node by node. `inputs_ready`: where its inputs are ready when it starts.
-    `"everywhere"` (the default for these toy graphs): the caller fenced them, every stream may read them (each input's
-    `meta['ready_on']` says so), so an example shows only the rule it is about; `"made"`: as AOTAutograd's graphs come,
-    made before the graph on the caller's current stream (or the input's `stream`), so a side stream that reads one
-    needs a wait (chapter 02, "The edges"; correction 29)."""
+    """Build a small backward-like `GraphModule` node by node. Its inputs are ready on every stream (`meta['ready_on']`:
+    the caller fenced them, so an example shows only its own rule), or with `inputs_ready="made"` on the stream that
+    made them, as AOTAutograd's graphs come (chapter 02, "The edges"; correction 29)."""
     def __init__(self, device: str = "meta", dtype: torch.dtype = torch.float32, shape: tuple = (4, 4),
                  inputs_ready: str = "everywhere"):
-        if inputs_ready not in ("everywhere", "made"):
-            raise ValueError(f"inputs_ready: expected 'everywhere' or 'made', got {inputs_ready!r}")
+        if inputs_ready not in ("everywhere", "made"): raise ValueError(f"inputs_ready: 'everywhere' or 'made', not {inputs_ready!r}")
         self.gm = GraphModule(torch.nn.Module(), Graph())
         self.graph = self.gm.graph
         self.device, self.dtype, self.shape = torch.device(device), dtype, tuple(shape)

@@ -571,6 +571,7 @@ def forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> di
     every = {ph(None), *vc.clocks}
     return {n: (s, *sorted(t for t in every if t != s and vc.known(s, k, t))) for n, (s, k) in made.items()}
 
+# %% ../nbs/02_streamops.ipynb #3c9981ed
 def _base(n: Node) -> Node | None:
     "The node whose value `n` shares: a view's argument, a tuple's getitem's tuple, a value passed through a sync."
     a = n.args[0] if n.args and isinstance(n.args[0], Node) else None
@@ -579,6 +580,7 @@ def _base(n: Node) -> Node | None:
         return a.args[i] if i < len(a.args) and isinstance(a.args[i], Node) else None
     return a if n.target is operator.getitem or is_view(n) else None
 
+# %% ../nbs/02_streamops.ipynb #ea2fb9cf
 def mark_forward_ready(gm: GraphModule, registry: StreamRegistry | None = None) -> GraphModule:
     "Write `forward_ready` into each forward value's `meta['ready_on']`: the partitioner copies it to the backward's inputs."
     for n, ready in forward_ready(gm, registry).items(): n.meta["ready_on"] = ready   # (validated there)

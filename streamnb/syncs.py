@@ -237,6 +237,12 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
         wait.meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/11_syncs.ipynb #e83369ab
+def _made_on(a: Node, reg) -> tuple | None:
+    "`input_streams_of` a placeholder; one made on the current stream asks the registry which index that is (dynamo's)."
+    if get_stream(a) is None and "ready_on" not in a.meta: return (physical_stream(get_current_stream(get_device(a)), reg),)
+    return input_streams_of(a, reg)
+
+# %% ../nbs/11_syncs.ipynb #e264d2cc
 def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, tuple[Node, list[Node]]]]:
     """Correction 29: `(stream index it was made on, device)` -> `{reading stream: (its first reader, the values it reads
     there)}` for the backward's reads of values made before it (a graph input, or a forward value saved for it) on a
@@ -246,10 +252,10 @@ def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, tuple[Node, list[Node
         if n.op != "call_function" or not is_bwd_node(n) or decode(n, gm) is not None: continue
         s = physical_stream(get_stream(n), reg)
         for a in flat_args(n):
-            if a.op == "placeholder": ready = input_streams_of(a, reg)
-            elif a.op == "call_function" and not is_bwd_node(a): ready = fr.get(a)
-            else: continue
-            if ready is None or s in ready or _host_value(a) or get_device(a).type == "cpu": continue
+            if not (a.op == "placeholder" or (a.op == "call_function" and not is_bwd_node(a))): continue
+            if _host_value(a) or get_device(a).type == "cpu": continue
+            ready = _made_on(a, reg) if a.op == "placeholder" else fr.get(a)
+            if ready is None or s in ready: continue
             made = get_current_stream(get_device(a)) if reg.is_current_stream(ready[0]) else ready[0]
             reader, values = first.setdefault((made, get_device(a)), {}).setdefault(s, (n, []))
             if a not in values: values.append(a)

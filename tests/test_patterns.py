@@ -31,8 +31,10 @@ def test_pattern_explained(name, style):
     elif name != "async_grad_reduce":
         assert fw and all(e.kind in ("race", "unsafe_reuse", "unjoined_output") for e in fw)
         assert "the forward's syncs are the program's job" in ex.summary_text()
-    seed_fails = up.error is not None or bool(up.reorder_report.errors)
-    assert seed_fails == (name not in NO_BACKWARD_STREAM)
+    seed_fails = up.error is not None or bool(up.reorder_report.errors) or bool(up.report.errors)
+    # annotate-style batch_prefetch: the backward reads on the current stream what the forward made on stream 1, which
+    # nothing joined (correction 29); the objects style joins it in the forward
+    assert seed_fails == (name not in NO_BACKWARD_STREAM or (name, style) == ("batch_prefetch", "annotate"))
 
 
 def test_objects_and_annotate_compute_the_same():
