@@ -122,6 +122,18 @@ def _is_forward_value(n: Node) -> bool:
     "Is `n` a forward value of a joint graph? (In the partitioned backward it is an input.)"
     return n.meta.get("partitioner_tag") == "is_forward"
 
+# %% ../nbs/13_control_deps.ipynb #d7d9674c
+def _forward_only(v: Node, joint: bool) -> bool:
+    """May a backward sync not pass `v` through (correction 7)? A forward value of a joint graph: the partitioner would
+    count the sync as forward. A graph the passes run on `as_backward` (no forward compute) has inputs only, tagged forward."""
+    if v.op == "placeholder":   # in a joint graph every input but the backward's own (the tangents) is the forward's
+        return joint and not _backward_input(v)
+    return _is_forward_value(v)
+
+def _backward_input(v: Node) -> bool:
+    "Is `v` an input of the backward alone (a tangent: AOTAutograd names them `tangents_*`)?"
+    return v.op == "placeholder" and (is_bwd_node(v) or v.name.startswith("tangents"))
+
 # %% ../nbs/13_control_deps.ipynb #28f9e474
 def _on(stream: int | None, target: int) -> bool:
     "Does a node annotated `stream` run on stream `target`? Unannotated nodes run on the current stream."
@@ -268,18 +280,6 @@ def _carriers(v: Node) -> list[Node]:
                 i = u.args.index(c, 2) - 1
                 todo += [g for g in u.users if g.target is operator.getitem and g.args[1] == i]
     return out
-
-# %% ../nbs/13_control_deps.ipynb #d7d9674c
-def _forward_only(v: Node, joint: bool) -> bool:
-    """May a backward sync not pass `v` through (correction 7)? A forward value of a joint graph: the partitioner would
-    count the sync as forward. A graph the passes run on `as_backward` (no forward compute) has inputs only, tagged forward."""
-    if v.op == "placeholder":   # in a joint graph every input but the backward's own (the tangents) is the forward's
-        return joint and not _backward_input(v)
-    return _is_forward_value(v)
-
-def _backward_input(v: Node) -> bool:
-    "Is `v` an input of the backward alone (a tangent: AOTAutograd names them `tangents_*`)?"
-    return v.op == "placeholder" and (is_bwd_node(v) or v.name.startswith("tangents"))
 
 # %% ../nbs/13_control_deps.ipynb #0ebb5157
 def _inputs_as_values(w) -> None:
