@@ -1,9 +1,9 @@
 """Time streamnb's stream passes against PyTorch 2.13's own pipeline, at about 100k final nodes.
 
-One command gives everything issue 9 (item 5) and issue 23 (items 1-2) ask for:
+One command gives everything issue 9 (item 5), issue 23 (items 1-2) and issue 50 (items 1, 4) ask for:
 
-    python benchmarks/bench_passes.py                      # shapes backward stress dag, sizes 10000 40000 100000
-    python benchmarks/bench_passes.py --paths aot          # the AOTAutograd path only (a quick run)
+    python benchmarks/bench_passes.py                      # shapes backward stress dag, sizes 10000 100000
+    python benchmarks/bench_passes.py --paths like --repeat 5 --sizes 10000 100000   # the headline only
     python benchmarks/bench_passes.py --sizes 100000       # one size only (no flatness line)
     python benchmarks/bench_passes.py --profile            # cProfile + GC/codegen shares (largest size, first shape)
 
@@ -18,18 +18,26 @@ Shapes (every compute node shares one meta `val`, so building a graph costs seco
 * dag:      tests/graphgen.py's `random_dag_graph`: a random DAG like the issue's hidden graph (40% of the ops on two
             side streams, 25% unannotated, no runs; about 16.7k ops for 100k final nodes).
 
-Three tables (--paths aot like pipeline; default all three), each with the rows torch 2.13, streamnb upstream and
+Tables (--paths like aot heap pipeline; default like aot heap), each with the rows torch 2.13, streamnb upstream and
 streamnb default, each row on a fresh copy of the same graph:
 
-* aot (AOTAutograd path, the path users take): the five passes each called alone, in graph_capture.py's order, the
-  collector ENABLED on both sides as a user's process has it. streamnb: the functions in
-  `streamnb.pipeline.STREAM_PASSES` (each a `stream_pass`, which pauses the collector inside its own call), no
-  pipeline around them; torch: the installed `torch._functorch._aot_autograd.streams` (unchanged), on the CPU with
-  tests/oracle.py's stubs ("gpu" mode), as `run_torch` does.
-* like (like for like): the same two calls with `gc.disable()` around both sides.
+* like (like for like, THE HEADLINE, issue 50 item 1): the five passes each called alone, in graph_capture.py's
+  order, with `gc.disable()` around both sides. streamnb: the functions in `streamnb.pipeline.STREAM_PASSES` (each a
+  `stream_pass`), no pipeline around them; torch: the installed `torch._functorch._aot_autograd.streams`
+  (unchanged), on the CPU with tests/oracle.py's stubs ("gpu" mode), as `run_torch` does.
+* aot (AOTAutograd path, the path users take): the same calls with the collector ENABLED on both sides, the
+  benchmark's own heap (streamnb's passes pause the collector inside their own calls; torch's do not). Its ratio
+  moves with the caller's heap (how often a full collection comes), so it is not the headline.
+* heap: as aot, the caller holding --heap (4,000,000) long-lived objects (empty lists, in the oldest generation), as
+  a compile holds its own; these runs come after the others, in turn too, inside one `caller_heap`.
 * pipeline: `run_stream_passes(gm[, upstream=True])` (collector paused for the whole pipeline) against torch's five
   passes with the collector on. torch's passes are always called alone, so the torch row of `aot` and `pipeline`
   is one measurement, printed in both tables.
+
+Each measurement runs --repeat (5) times, in turn (torch, upstream, default, torch, ...), on fresh copies; each
+column prints the median (--stat best: the best), `spread` the smallest and largest total, `collections` the median
+number of the collector's collections per generation inside the timed part (gen0/gen1/gen2). The clock is CPU time
+(`time.process_time`, --clock cpu) unless --clock wall.
 
 streamnb upstream runs with `upstream=True`, the stubs' device numbers and registry start; streamnb default with the
 corrected passes' defaults. Each distinct measurement runs in turn on the same graph (torch, upstream alone, default
@@ -66,16 +74,20 @@ Checks and extra measurements:
   with streamnb's own GC pauses removed (the pipeline's and each stream_pass's `fastfx.paused_gc`) to show what the collector would
   cost; and the time spent in `GraphModule.recompile` (the main graph's codegen). Also torch with and without GC.
 
-Nothing is asserted on time. Run alone on the machine (2 shared cores); --repeat N runs the measurements in turn N
-times (torch, upstream, default, ..., torch, ...) and keeps each one's best, so that a slow spell slows every row alike.
+* targets: the like table's ratios at the largest size against issue 50's targets, and its flatness.
+* syncs: per shape, `count_syncs` of each row's output; per real pattern (`streamnb.patterns`, both styles), the
+  joint graph's syncs after the seed's passes and the default's (--no-syncs skips the patterns).
+
+Nothing is asserted on time. Run alone on the machine (2 shared cores) if you can; the runs in turn make a slow spell
+slow every row alike.
 To measure a commit rather than the working tree, export it and point STREAMNB_SRC at the export (the first line
 printed says which streamnb ran):
 
     git archive <rev> streamnb | tar -x -C /tmp/rev && STREAMNB_SRC=/tmp/rev python benchmarks/bench_passes.py
 
-    python benchmarks/bench_passes.py [--shapes backward stress dag] [--sizes 10000 40000 100000] [--repeat 1]
-                                      [--paths aot like pipeline] [--kinds lazy [plain]] [--layer 20] [--no-memory] [--no-check]
-                                      [--clock wall|cpu]
+    python benchmarks/bench_passes.py [--shapes backward stress dag] [--sizes 10000 100000] [--repeat 5]
+                                      [--paths like aot heap pipeline] [--kinds lazy [plain]] [--layer 20] [--no-memory]
+                                      [--no-check] [--clock cpu|wall] [--stat median|best] [--heap 4000000] [--no-syncs]
                                       [--profile [--profile-out DIR]]
 """
 from __future__ import annotations
@@ -88,10 +100,12 @@ import logging
 import os
 import pickle
 import pstats
+import statistics
 import subprocess
 import sys
 import time
 import tracemalloc
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -260,24 +274,27 @@ def run_alone(upstream: bool):
 PIPELINES = {"torch 2.13": run_torch, "streamnb upstream": run_streamnb(True), "streamnb default": run_streamnb(False)}
 ALONE = {"torch 2.13": run_torch, "streamnb upstream": run_alone(True), "streamnb default": run_alone(False)}
 
+HEAP = 4_000_000   # long-lived objects the `heap` table's caller holds (--heap): a compile holds millions
+
 # path -> (title, how streamnb is called, collector off around both sides)
-PATHS = {"aot": ("AOTAutograd path: each pass called alone, collector ON on both sides (as a user's process has it)",
+PATHS = {"like": ("like for like (THE HEADLINE): each pass called alone, gc.disable() around both sides", ALONE, True),
+         "aot": ("AOTAutograd path: each pass called alone, collector ON on both sides, the benchmark's own heap",
                  ALONE, False),
-         "like": ("like for like: each pass called alone, gc.disable() around both sides", ALONE, True),
+         "heap": ("AOTAutograd path with a caller heap: as aot, the caller holding --heap long-lived objects", ALONE, False),
          "pipeline": ("pipeline: run_stream_passes (pauses the collector) vs torch's five passes, collector ON",
                       PIPELINES, False)}
 
 
-def measurement(path: str, row: str) -> tuple[str, str, bool]:
-    """The measurement behind `row` of `path`'s table: (row, 'alone' or 'pipeline', collector off). torch's passes are
-    always called alone, so its collector-on run serves both the AOTAutograd and the pipeline tables."""
+def measurement(path: str, row: str) -> tuple[str, str, bool, bool]:
+    """The measurement behind `row` of `path`'s table: (row, 'alone' or 'pipeline', collector off, caller heap held).
+    torch's passes are always called alone, so its collector-on run serves both the AOTAutograd and the pipeline tables."""
     _, fns, off = PATHS[path]
     how = "pipeline" if fns is PIPELINES and row != "torch 2.13" else "alone"
-    return row, how, off
+    return row, how, off, path == "heap"
 
 
 def runner(key: tuple[str, str, bool]):
-    row, how, _ = key
+    row, how = key[:2]
     return (PIPELINES if how == "pipeline" else ALONE)[row]
 
 
@@ -302,7 +319,7 @@ def timed_run(row, gm: GraphModule, kind: str, gc_stats: dict | None = None) -> 
     """Run `row`'s passes on `gm` (and, for 'plain', the deferred codegen); (times, global GC state unchanged).
     `row`: a ROWS name (the pipeline rows) or a `measurement` key (its collector off: `gc.disable()` around the run).
     With `gc_stats`, the collections inside the timed part are counted into it (see `gc_watch`)."""
-    fn, off = (PIPELINES[row], False) if isinstance(row, str) else (runner(row), row[2])
+    fn, off = (PIPELINES[row], False) if isinstance(row, str) else (runner(row), row[2])   # (a heap is the caller's)
     times: dict = {}
     gc.collect()
     if off: gc.disable()
@@ -326,22 +343,47 @@ def timed_run(row, gm: GraphModule, kind: str, gc_stats: dict | None = None) -> 
     return times, after == before
 
 
-def best_runs(base: GraphModule, kind: str, repeat: int, keys: list, keep: set) -> dict:
+@contextlib.contextmanager
+def caller_heap(n: int):
+    """`n` long-lived objects held by the caller while the block runs (empty lists: tracked by the collector, in its
+    oldest generation after one full collection), as a compile holds its own; freed after the block."""
+    heap = [[] for _ in range(n)]
+    gc.collect()
+    try: yield heap
+    finally:
+        del heap
+        gc.collect()
+
+
+def best_runs(base: GraphModule, kind: str, repeat: int, keys: list, keep: set, stat: str = "median",
+              heap: int = HEAP) -> dict:
     """Each measurement (see `measurement`) run `repeat` times on fresh copies, in turn (torch, upstream, default,
-    ..., torch, ...), so that a slow spell of the shared machine slows every row rather than one: key -> (best times,
-    gc ok, final node count, the output's canonical form pickled if the key is in `keep`). The canonical form is
-    kept as one bytes object, so no kept graph gives the collector of a later row more to scan."""
-    res = {k: (None, True, 0, None) for k in keys}
-    for i in range(repeat):
-        last = i == repeat - 1
-        for k in keys:
-            best, ok, _, out = res[k]
-            gm = copy_as(base, kind)
-            t, same = timed_run(k, gm, kind)
-            best = t if best is None else {c: min(v, best.get(c, v)) for c, v in t.items()}
-            if last and k in keep: out = pickle.dumps(oracle.canonical(gm))
-            res[k] = (best, ok and same, len(gm.graph.nodes), out)
-            del gm
+    ..., torch, ...), so that a slow spell of the shared machine slows every row rather than one; the measurements with
+    a caller heap run after the others, in turn too, inside one `caller_heap`. key -> (times: each column's median
+    (`stat`, or its best), gc ok, final node count, the output's canonical form pickled if the key is in `keep`, every
+    run's total, every run's collections {'gen0': count, ...}, the output's `count_syncs`). The canonical form is kept
+    as one bytes object, so no kept graph gives the collector of a later row more to scan."""
+    from streamnb.streamops import count_syncs
+    runs = {k: [] for k in keys}
+    res = {}
+    def one(k, last):
+        gm = copy_as(base, kind)
+        seen: dict = {}
+        t, same = timed_run(k, gm, kind, seen)
+        out = pickle.dumps(oracle.canonical(gm)) if last and k in keep else None
+        syncs = count_syncs(gm) if last else None
+        runs[k].append((t, same, len(gm.graph.nodes), out, seen, syncs))
+        del gm
+    for group in ([k for k in keys if not k[3]], [k for k in keys if k[3]]):
+        if not group: continue
+        with caller_heap(heap) if group[0][3] else contextlib.nullcontext():
+            for i in range(repeat):
+                for k in group: one(k, i == repeat - 1)
+    for k, rs in runs.items():
+        pick = statistics.median if stat == "median" else min
+        times = {c: pick([r[0].get(c, 0.0) for r in rs]) for c in rs[0][0]}
+        res[k] = (times, all(r[1] for r in rs), rs[-1][2], rs[-1][3], [r[0]["total"] for r in rs],
+                  [{g: v for g, v in r[4].items() if g != "s"} for r in rs], rs[-1][5])
     return res
 
 
@@ -376,16 +418,22 @@ def identity(base: GraphModule, outs: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def fmt_gc(counts: list) -> str:
+    "Median collections per generation over the runs, as 'gen0/gen1/gen2'."
+    return "/".join(f"{statistics.median([c.get(f'gen{g}', 0) for c in counts]):g}" for g in range(3))
+
+
 def fmt_row(r: dict) -> str:
     t, ref = r["times"], r["ref"]
     ratio = f"{ref / t['total']:>8.2f}x" if ref else f"{'':>9}"
+    spread = f"{min(r['totals']):.2f}-{max(r['totals']):.2f}"
     return (f"{r['shape']:<9}{r['size']:>7}{r['in']:>8}{r['out']:>8} {r['row']:<18}"
             + "".join(f"{t.get(c, float('nan')):>9.2f}" for c in COLS)
-            + f"{t['total'] / r['out'] * 1e6:>9.1f}{ratio}{'ok' if r['gc_ok'] else 'CHANGED':>8}")
+            + f" {spread:>12}{t['total'] / r['out'] * 1e6:>9.1f}{ratio}{fmt_gc(r['gcs']):>12}{'ok' if r['gc_ok'] else 'CHANGED':>8}")
 
 
 HEAD = (f"{'shape':<9}{'size':>7}{'in':>8}{'out':>8} {'impl':<18}" + "".join(f"{c:>9}" for c in COLS)
-        + f"{'us/node':>9}{'vs torch':>9}{'gc':>8}")
+        + f" {'spread':>12}{'us/node':>9}{'vs torch':>9}{'collections':>12}{'gc':>8}")
 
 
 def describe_code() -> str:
@@ -453,20 +501,75 @@ def profile(shape: str, size: int, layer: int, out_dir: str | None = None) -> No
               + ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()) if k != "s") + ")")
 
 
+# issue 50, item 1: like for like at 100k final nodes; time per node flat within 1.3x from 10k to 100k
+TARGETS = {"streamnb upstream": {"backward": 3.0, "dag": 2.5, "stress": 1.6},
+           "streamnb default": {"backward": 2.0, "dag": 1.2, "stress": 1.0}}
+
+
+def targets(results: list, shapes: list, sizes: list) -> str:
+    "The `like` table's ratios at the largest size against issue 50's targets, and its flatness."
+    big, small = max(sizes), min(sizes)
+    per = {(r["shape"], r["row"], r["size"]): r for r in results if r["path"] == "like" and r["kind"] == results[0]["kind"]}
+    lines = [f"\n## issue 50's targets, like for like at {big} (median ratio; met if >= target; flatness <= 1.3)"]
+    for row, wants in TARGETS.items():
+        for shape in shapes:
+            r, want = per.get((shape, row, big)), wants.get(shape)
+            if r is None or want is None: continue
+            ratio = r["ref"] / r["times"]["total"]
+            flat = "" if big == small else (lambda f: f"; flatness {f:.2f} {'met' if f <= 1.3 else 'NOT met'}")(
+                (r["times"]["total"] / r["out"]) / (per[shape, row, small]["times"]["total"] / per[shape, row, small]["out"]))
+            lines.append(f"{row:<18} {shape:<9} {ratio:5.2f}x against {want}x: {'met' if ratio >= want else 'NOT met'}{flat}")
+    return "\n".join(lines)
+
+
+def pattern_syncs() -> str:
+    """The syncs (`count_syncs`, stream ops but fork/join) in the joint graph after the seed's passes (`upstream=True`)
+    and the default's, for each real pattern of `streamnb.patterns` in both styles (captured as `explain` does)."""
+    import copy
+    from streamnb.capturing import capture
+    from streamnb.cpustreams import cpu_streams
+    from streamnb.graph import StreamRegistry, use_registry
+    from streamnb.patterns import PATTERNS, STYLES, build as build_pattern
+    from streamnb.pipeline import run_stream_passes
+    from streamnb.streamops import count_syncs
+    lines = ["\n## syncs a GPU pays for, per real pattern (streamnb.patterns; joint graph after the passes)",
+             f"{'pattern':<20}{'style':<10}{'seed':>6}{'default':>9}"]
+    warnings.filterwarnings("ignore", category=FutureWarning)   # torch 2.13's own TreeSpec warning on deepcopy
+    for name in PATTERNS:
+        for style in STYLES:
+            try:
+                model, inputs = build_pattern(name, style)
+                with cpu_streams(): cap = capture(model, *inputs)
+                got = []
+                for upstream in (True, False):
+                    joint = copy.deepcopy(cap.joint)
+                    with use_registry(StreamRegistry(start=100, current_stream=cap.current_stream)):
+                        run_stream_passes(joint, upstream=upstream, fw_metadata=copy.copy(cap.fw_metadata))
+                    got.append(count_syncs(joint))
+                lines.append(f"{name:<20}{style:<10}{got[0]:>6}{got[1]:>9}")
+            except Exception as e:   # say it and go on: a pattern the seed refuses, a capture that fails here
+                lines.append(f"{name:<20}{style:<10}  {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 40000, 100000],
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000],
                     help="final node counts (after PyTorch's pipeline), about")
-    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
-                    help="aot: each pass alone, collector on; like: the same with gc.disable() around both sides; "
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=["like", "aot", "heap"],
+                    help="like (the headline): each pass alone, gc.disable() around both sides; aot: the same with the "
+                         "collector on; heap: aot with the caller holding --heap long-lived objects; "
                          "pipeline: run_stream_passes vs torch, collector on")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=["lazy"])
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved runs per measurement (median kept)")
+    ap.add_argument("--stat", choices=["median", "best"], default="median", help="what of the --repeat runs is printed")
+    ap.add_argument("--heap", type=int, default=HEAP, help="long-lived objects the heap table's caller holds")
+    ap.add_argument("--no-syncs", action="store_true", help="skip the syncs per real pattern (streamnb.patterns)")
     ap.add_argument("--layer", type=int, default=LAYER, help="nodes per layer of the backward shape (>= 15)")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     ap.add_argument("--no-check", action="store_true", help="skip the identity check against the seed")
-    ap.add_argument("--clock", choices=list(CLOCKS), default="wall",
+    ap.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                     help="wall: time.perf_counter; cpu: time.process_time, this process's CPU time only (less noisy when "
                          "other jobs share the cores; the collector's work counts in both)")
     ap.add_argument("--profile", action="store_true",
@@ -481,9 +584,11 @@ def main(argv=None) -> int:
         profile(a.shapes[0], max(a.sizes), a.layer, a.profile_out)
         return 0
 
-    results, checks, memory = [], [], []
+    results, checks, memory, syncs = [], [], [], []
     keys = list(dict.fromkeys(measurement(path, row) for path in a.paths for row in ROWS))
-    print("\nmeasurements per graph, run in turn: " + ", ".join(f"{r} {h}{' gc off' if off else ''}" for r, h, off in keys))
+    print(f"\nclock {a.clock}; {a.stat} of {a.repeat} runs per measurement, in turn: " + ", ".join(
+        f"{r} {h}{' gc off' if off else ''}{' heap' if hp else ''}" for r, h, off, hp in keys)
+        + f"; the heap measurements after the others, in turn too, the caller holding {a.heap:,} objects")
     print("\n" + f"{'path':<9}{'kind':<6}" + HEAD, flush=True)
     for shape in a.shapes:
         for size in a.sizes:
@@ -494,14 +599,18 @@ def main(argv=None) -> int:
             outs = {}
             for kind in a.kinds:
                 keep = set() if a.no_check or kind != a.kinds[0] else \
-                    {k for k in keys if k[0] != "streamnb default" and not k[2]}
-                runs = best_runs(base, kind, a.repeat, keys, keep)
+                    {k for k in keys if k[0] != "streamnb default" and not k[3]}   # (every table's, heap's but)
+                runs = best_runs(base, kind, a.repeat, keys, keep, a.stat, a.heap)
+                syncs.append(f"{shape:<9}{size:>7}  seed (upstream=True) {runs[measurement(a.paths[0], ROWS[1])][6]:>6}"
+                             f"  default {runs[measurement(a.paths[0], ROWS[2])][6]:>6}"
+                             f"  torch 2.13 {runs[measurement(a.paths[0], ROWS[0])][6]:>6}")
                 for k in (k for k in keys if k in keep): outs[f"{k[0]} ({k[1]})"] = runs[k][3]
                 for path in a.paths:
                     ref = runs[measurement(path, "torch 2.13")][0]["total"]
                     for row in ROWS:
-                        times, ok, n_out, _ = runs[measurement(path, row)]
+                        times, ok, n_out, _, totals, gcs, _ = runs[measurement(path, row)]
                         r = dict(shape=shape, size=size, kind=kind, path=path, row=row, times=times, gc_ok=ok,
+                                 totals=totals, gcs=gcs,
                                  **{"in": n_in}, out=n_out, ref=ref if row != "torch 2.13" else None)
                         results.append(r)
                         print(f"{path:<9}{kind:<6}" + fmt_row(r), flush=True)
@@ -512,7 +621,7 @@ def main(argv=None) -> int:
             del outs
             if not a.no_memory and size == max(a.sizes):
                 for k in keys:
-                    if k[2]: continue   # the collector off changes no allocation
+                    if k[2] or k[3]: continue   # the collector off (or a heap) changes no allocation of the passes
                     label = f"{k[0]} ({k[1]})"
                     memory.append(f"{shape:<9}{size:>7} {label:<30} {peak_memory(k, base):>9.0f} MiB")
                     print("  peak " + memory[-1], flush=True)
@@ -533,6 +642,10 @@ def main(argv=None) -> int:
                     print(f"flatness {shape}: us/node at {s1} / at {s0}: " + ", ".join(
                         f"{row} {per[shape, row, s1] / per[shape, row, s0]:.2f}" for row in ROWS))
     if checks: print("\n## identity (canonical form, against PyTorch's seed)\n" + "\n".join(checks))
+    if "like" in a.paths: print(targets(results, a.shapes, a.sizes))
+    if syncs: print("\n## syncs a GPU pays for, per shape (count_syncs of each row's output: stream ops but fork/join)\n"
+                    + "\n".join(syncs))
+    if not a.no_syncs: print(pattern_syncs())
     if memory: print("\n## peak Python memory (tracemalloc, separate run, lazy kind, above the run's start)\n"
                      + "\n".join(memory))
     print("\n" + describe_code())

@@ -47,10 +47,12 @@ def node(gm: GraphModule, name: str | Node) -> Node:
         if n.name == name: return n
     raise StreamnbError(f"no node {name!r} in the graph")
 
+# %% ../nbs/08_exercises.ipynb #cf7dfcf0
 def _anchor(gm, before, after) -> tuple[Node, bool]:
     if (before is None) == (after is None): raise StreamnbError("give exactly one of before= and after=")
     return (node(gm, after), True) if after is not None else (node(gm, before), False)
 
+# %% ../nbs/08_exercises.ipynb #e8220a25
 def insert(gm: GraphModule, target, *args, before=None, after=None) -> Node:
     "Insert a call to `target(*args)` (a stream op) before or after a node; return the new node."
     check_graph_module(gm)
@@ -69,6 +71,7 @@ def _check_order(n: Node) -> None:
     if any(a not in seen for a in n.all_input_nodes): raise StreamnbError(f"node {n.name}: it would run before its inputs")
     if any(u in seen for u in n.users): raise StreamnbError(f"node {n.name}: it would run after a node that uses it")
 
+# %% ../nbs/08_exercises.ipynb #99f95869
 def move(gm: GraphModule, name, *, before=None, after=None) -> Node:
     "Move node `name` before or after another node (it must stay after its inputs and before its users)."
     check_graph_module(gm)
@@ -81,6 +84,7 @@ def move(gm: GraphModule, name, *, before=None, after=None) -> Node:
     gm.recompile()
     return n
 
+# %% ../nbs/08_exercises.ipynb #13485e61
 def remove(gm: GraphModule, name) -> None:
     "Remove node `name` (nothing may use its value)."
     check_graph_module(gm)
@@ -447,16 +451,19 @@ def _sanitize(ex: Exercise, gm: GraphModule) -> Report:
     check_stream_ops(gm, one_table=True)   # a graph torch could run: no index both an event and a stream
     return sanitize(gm, reorder=ex.reorder, inputs_ready=ex.inputs_ready)
 
+# %% ../nbs/08_exercises.ipynb #35851800
 def _sanitized(ex: Exercise, answer: GraphModule) -> tuple[list, Report | None]:
     try: rep = _sanitize(ex, answer)
     except StreamnbError as e: return [f"the sanitizer cannot read the answer: {e}. Fix: correct or remove the node it names"], None
     return [in_words(e, answer) for e in rep.errors], rep
 
+# %% ../nbs/08_exercises.ipynb #d1430755
 def _timed(gm: GraphModule, cost, problems: list) -> float:
     try: return makespan_us(gm, cost)
     except StreamnbError as e:
         problems.append(f"the answer cannot be simulated: {e}. Fix: correct or remove the node it names"); return float("nan")
 
+# %% ../nbs/08_exercises.ipynb #ba688fb3
 def _grade(ex: Exercise, answer: GraphModule) -> Grade:
     "`check` without the fixes."
     if not isinstance(answer, GraphModule): raise StreamnbError(f"check needs a GraphModule, not {type(answer).__name__}")
@@ -471,6 +478,7 @@ def _grade(ex: Exercise, answer: GraphModule) -> Grade:
     if mk == mk: problems += slow_problems(best, answer, ex.cost)
     return Grade(ex.title, problems, n, nb, mk, mb, rep, hosts)
 
+# %% ../nbs/08_exercises.ipynb #239527f4
 def check(ex: Exercise, answer: GraphModule, fixes: bool = True) -> Grade:
     """Grade `answer` for `ex` against the worked solution: its host syncs, its work (op, inputs, stream per node), the
     sanitizer's errors, its syncs, its frees and its makespan; each problem names the node and the fix, and `fixes`
@@ -492,10 +500,13 @@ class Edit:
     def __str__(self): return self.code
     __repr__ = __str__
 
+# %% ../nbs/08_exercises.ipynb #79d015b5
 def _where(before, after) -> str: return f"before={before!r}" if before is not None else f"after={after!r}"
 
+# %% ../nbs/08_exercises.ipynb #201dfcf6
 def _arg(a) -> str: return f"node(gm, {a.name!r})" if isinstance(a, Node) else repr(a)
 
+# %% ../nbs/08_exercises.ipynb #4f9eca75
 def _e_insert(target, *args, before=None, after=None) -> Edit:
     "An `insert` of a stream op (`args`: indices, or nodes of the answer, named by `node(gm, ...)`)."
     names = [a.name if isinstance(a, Node) else None for a in args]
@@ -503,11 +514,14 @@ def _e_insert(target, *args, before=None, after=None) -> Edit:
         insert(gm, target, *(node(gm, n) if n else a for a, n in zip(args, names)), before=before, after=after)
     return Edit(f"insert(gm, streams.{target._opname}.default, {', '.join(map(_arg, args))}, {_where(before, after)})", do)
 
+# %% ../nbs/08_exercises.ipynb #db60f48f
 def _e_move(name, before=None, after=None) -> Edit:
     return Edit(f"move(gm, {name!r}, {_where(before, after)})", lambda gm: move(gm, name, before=before, after=after) and None)
 
+# %% ../nbs/08_exercises.ipynb #e6e6953f
 def _e_remove(name) -> Edit: return Edit(f"remove(gm, {name!r})", lambda gm: remove(gm, name))
 
+# %% ../nbs/08_exercises.ipynb #35822d42
 def _e_stream(name, s) -> Edit:
     return Edit(f"set_stream(node(gm, {name!r}), {s})", lambda gm: set_stream(node(gm, name), s))
 
@@ -518,14 +532,17 @@ def _e_read(name, old, new) -> Edit:
         node(gm, name).replace_input_with(node(gm, old), node(gm, new)); gm.recompile()
     return Edit(f"node(gm, {name!r}).replace_input_with(node(gm, {old!r}), node(gm, {new!r}))", do)
 
+# %% ../nbs/08_exercises.ipynb #785d1079
 def _e_output(names) -> Edit:
     "Return the values called `names` again (as the start graph does)."
     def do(gm):
         out = _output(gm); out.args = (tuple(node(gm, n) for n in names),); gm.recompile()
     return Edit(f"_output(gm).args = ((" + ", ".join(f"node(gm, {n!r})" for n in names) + ",),)", do)
 
+# %% ../nbs/08_exercises.ipynb #d1d3bc9d
 def _e_restart(ex) -> Edit: return Edit("gm = ex.start()", lambda gm: ex.start())
 
+# %% ../nbs/08_exercises.ipynb #833dbbd3
 def _e_wrap(ex, spec) -> Edit:
     return Edit(f"wrap_by_hand(gm, {spec!r})", lambda gm: ex.wrap(gm, spec))
 
@@ -535,6 +552,7 @@ def _free_index(gm: GraphModule) -> int:
     used = indices_in_use(gm)
     return next(i for i in range(len(used) + 2) if i not in used)
 
+# %% ../nbs/08_exercises.ipynb #3a9fe55b
 def _records(gm: GraphModule, s, after: Node | None, before: Node) -> Node | None:
     """A `record_event` on stream `s` after `after` (None: from the start) and before `before` in program order whose
     event no later record changes before `before`: waiting for it orders what `s` issued before it."""
@@ -547,6 +565,7 @@ def _records(gm: GraphModule, s, after: Node | None, before: Node) -> Node | Non
             elif op.event in last: del last[op.event]   # recorded again: the first record no longer stands
     return next(iter(last.values()), None)
 
+# %% ../nbs/08_exercises.ipynb #48921504
 def _order_edits(ex, gm: GraphModule, producer: str, ps, consumer: str, cs) -> list[Edit]:
     """Order `consumer` (stream `cs`) after `producer` (stream `ps`): a wait before the consumer on a record after the
     producer that is already there, else `wait_stream` (one op) unless a new record and wait are faster."""
@@ -561,6 +580,7 @@ def _order_edits(ex, gm: GraphModule, producer: str, ps, consumer: str, cs) -> l
     try: return ws if _after(ex, gm, ws) <= _after(ex, gm, pair) * (1 + 1e-9) + 1e-9 else pair
     except StreamnbError: return pair
 
+# %% ../nbs/08_exercises.ipynb #e60b7199
 def _copy(gm: GraphModule) -> GraphModule:
     "A copy of `gm` whose new nodes get the names they would get in `gm` (its name counts copied too)."
     g = copy.deepcopy(gm)
@@ -577,6 +597,7 @@ def _mends(ex, gm: GraphModule, edits: list[Edit], e: Finding) -> bool:
     except StreamnbError: return False
     return (e.kind, tuple(e.nodes)) not in left and _after(ex, gm, edits) <= makespan_us(gm, ex.cost) * (1 + 1e-9) + 1e-9
 
+# %% ../nbs/08_exercises.ipynb #de466fad
 def _after(ex, gm: GraphModule, edits: list[Edit]) -> float:
     "The makespan of `gm` with `edits` made (on a copy)."
     g = _copy(gm)
@@ -642,6 +663,7 @@ def _fix_work(start: GraphModule, gm: GraphModule) -> list[Edit] | None:
         return [_e_output([source(x).name for x in so.args[0]])]
     return []
 
+# %% ../nbs/08_exercises.ipynb #df8cf100
 def _fix_host(best: GraphModule, gm: GraphModule) -> list[Edit]:
     "Remove the first host sync the worked solution does without (the waits it stood for are the next fixes)."
     allowed = Counter(op.kind for op in host_syncs(best))
@@ -664,6 +686,7 @@ def _fix_extra(ex, best: GraphModule, gm: GraphModule) -> list[Edit]:
         except StreamnbError: continue
     return []
 
+# %% ../nbs/08_exercises.ipynb #de0f01c1
 def _fix_free(best: GraphModule, gm: GraphModule) -> list[Edit]:
     want = _frees(best)
     return [_e_move(name, after=want[t][1]) for t, (k, last, name) in _frees(gm).items() if t in want and k > want[t][0]][:1]
@@ -688,11 +711,13 @@ def _fix_slow(ex, best: GraphModule, gm: GraphModule) -> list[Edit] | None:
     need, between = _first_need(gm, w.node, w.stream)
     return [_e_move(w.node, before=need)] if need and between else None
 
+# %% ../nbs/08_exercises.ipynb #d5e9b94a
 def _e_args(name, args) -> Edit:
     def do(gm):
         node(gm, name).args = args; gm.recompile()
     return Edit(f"node(gm, {name!r}).args = {args!r}", do)
 
+# %% ../nbs/08_exercises.ipynb #b45a0823
 def _fix_table(gm: GraphModule) -> list[Edit]:
     "An event index that is also a stream index: every op of that event renumbered to a free index."
     try: check_stream_ops(gm, one_table=True); return []
@@ -714,6 +739,7 @@ def _next_fix(ex, best: GraphModule, gm: GraphModule, rep: Report | None) -> lis
         if fix is None or fix: return fix
     return None
 
+# %% ../nbs/08_exercises.ipynb #c1910ebd
 def repair(ex, answer: GraphModule, limit: int = 16) -> tuple[list[Edit], bool]:
     """The fixes of `answer`, in order, as `Edit`s, each found on the answer with the ones before applied; and True if
     applying them all gives a correct answer (False: the list stops where no fix can be made mechanically)."""
