@@ -32,9 +32,34 @@ from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of
 # %% auto #0
 __all__ = ['FRONTENDS', 'FORWARD_ONLY_PASSES', 'Capture', 'capture', 'forward_only_passes', 'eager']
 
+# %% ../nbs/16c_capture.ipynb #cap0view
+class _CaptureViews:
+    "What a `Capture` says of itself: its module, the streams it owns, whether it is forward only (a part of it)."
+    @property
+    def module(self) -> nn.Module | None:
+        "The captured `nn.Module`, or None for a function."
+        return self.fn if isinstance(self.fn, nn.Module) else None
+
+    @property
+    def owned_streams(self) -> frozenset:
+        "The annotated streams the compiler owns: `annotate` regions', not the program's stream objects'."
+        return frozenset(self.streams) - self.program_streams
+
+    @property
+    def inference(self) -> bool:
+        "A forward-only capture (a program with no gradient): `joint` is `forward`, `backward` is None."
+        return self.backward is None
+
+    def __repr__(self):
+        n = lambda gm: sum(1 for _ in gm.graph.nodes)
+        how = "unprocessed" if self.processed is None else f"processed({self.processed})"
+        return (f"Capture({getattr(self.fn, '__name__', type(self.fn).__name__)}, streams={sorted(self.streams)}, "
+                f"joint={n(self.joint)} nodes, forward={n(self.forward)}, "
+                f"{'forward only: no backward' if self.inference else f'backward={n(self.backward)}'}, {how})")
+
 # %% ../nbs/16c_capture.ipynb #ea8dc6e5
 @dataclasses.dataclass
-class Capture:
+class Capture(_CaptureViews):
     "A model's joint graph before any stream pass, its forward and backward, and what running them needs."
     joint: GraphModule                 # the joint graph; `meta['val']` on `device` (see `on_device`)
     forward: GraphModule               # `joint` split by `partitioner`
@@ -57,28 +82,6 @@ class Capture:
     custom_backward: frozenset = frozenset()   # the names of the nodes of custom autograd.Function backwards (dynamo)
     program_streams: frozenset = frozenset()   # the stream indices of the program's stream objects (dynamo's table)
     write_backs: dict = dataclasses.field(default_factory=dict)   # forward output -> the input or buffer it updates
-
-    @property
-    def module(self) -> nn.Module | None:
-        "The captured `nn.Module`, or None for a function."
-        return self.fn if isinstance(self.fn, nn.Module) else None
-
-    @property
-    def owned_streams(self) -> frozenset:
-        "The annotated streams the compiler owns: `annotate` regions', not the program's stream objects'."
-        return frozenset(self.streams) - self.program_streams
-
-    @property
-    def inference(self) -> bool:
-        "A forward-only capture (a program with no gradient): `joint` is `forward`, `backward` is None."
-        return self.backward is None
-
-    def __repr__(self):
-        n = lambda gm: sum(1 for _ in gm.graph.nodes)
-        how = "unprocessed" if self.processed is None else f"processed({self.processed})"
-        return (f"Capture({getattr(self.fn, '__name__', type(self.fn).__name__)}, streams={sorted(self.streams)}, "
-                f"joint={n(self.joint)} nodes, forward={n(self.forward)}, "
-                f"{'forward only: no backward' if self.inference else f'backward={n(self.backward)}'}, {how})")
 
 # %% ../nbs/16c_capture.ipynb #ec4bf910
 def _flat_fn(fn, param_names, buffer_names, spec_box):

@@ -206,8 +206,27 @@ def get_stream_or_current_stream(node: Node) -> int:
     ind = get_stream(node)
     return get_current_stream(get_device(node)) if ind is None else ind
 
+# %% ../nbs/01_graph.ipynb #gb0parts
+class _GraphBuilderParts:
+    "The annotations, stream ops and output of `GraphBuilder` (a part of it)."
+    def _annotate(self, n: Node, stream, tag, acc) -> Node:
+        if tag is not None: n.meta["partitioner_tag"] = tag
+        if stream is not None: n.meta["custom"] = {"stream": stream}
+        if acc: n.meta["is_gradient_acc"] = True
+        return n
+
+    def sync(self, target: Callable, *args, tag: str | None = None) -> Node:
+        "A stream op (`record_event`, `wait_event`, ...) with int arguments; no `meta['val']`."
+        return self._annotate(self.graph.call_function(target, tuple(args)), None, tag, False)
+
+    def output(self, *nodes: Node) -> GraphModule:
+        "Finish the graph with an output node returning `nodes`."
+        self.graph.output(tuple(nodes))
+        self.gm.recompile()
+        return self.gm
+
 # %% ../nbs/01_graph.ipynb #e666d31c
-class GraphBuilder:
+class GraphBuilder(_GraphBuilderParts):
     """Build a small backward-like `GraphModule` node by node. Its inputs are ready on every stream (`meta['ready_on']`:
     the caller fenced them, so an example shows only its own rule), or with `inputs_ready="made"` on the stream that
     made them, as AOTAutograd's graphs come (chapter 02, "The edges"; correction 29)."""
@@ -218,12 +237,6 @@ class GraphBuilder:
         self.graph = self.gm.graph
         self.device, self.dtype, self.shape = torch.device(device), dtype, tuple(shape)
         self.inputs_ready = inputs_ready
-
-    def _annotate(self, n: Node, stream, tag, acc) -> Node:
-        if tag is not None: n.meta["partitioner_tag"] = tag
-        if stream is not None: n.meta["custom"] = {"stream": stream}
-        if acc: n.meta["is_gradient_acc"] = True
-        return n
 
     def input(self, name: str, *, shape: tuple | None = None, stream: int | None = None,
               tag: str | None = "is_backward", dtype: torch.dtype | None = None) -> Node:
@@ -243,16 +256,6 @@ class GraphBuilder:
             val = target(*map_arg(args, lambda a: a.meta["val"]), **map_arg(kwargs, lambda a: a.meta["val"]))
         n.meta["val"] = val
         return self._annotate(n, stream, tag, acc)
-
-    def sync(self, target: Callable, *args, tag: str | None = None) -> Node:
-        "A stream op (`record_event`, `wait_event`, ...) with int arguments; no `meta['val']`."
-        return self._annotate(self.graph.call_function(target, tuple(args)), None, tag, False)
-
-    def output(self, *nodes: Node) -> GraphModule:
-        "Finish the graph with an output node returning `nodes`."
-        self.graph.output(tuple(nodes))
-        self.gm.recompile()
-        return self.gm
 
 # %% ../nbs/01_graph.ipynb #fca28b2e
 def describe(gm: GraphModule) -> str:

@@ -17,6 +17,7 @@ from streamnb.pipeline import run_stream_passes
 from streamnb.sanitizer import sanitize
 from streamnb.streamops import count_syncs
 from streamnb.syncs import CorrectedSyncs
+from test_edges import docs_example
 
 
 def reads_inputs(inputs_ready="made"):
@@ -96,22 +97,10 @@ def test_saved_activation_joined_in_the_forward_needs_no_wait():
 
 
 def test_pytorch_docs_example_is_named_as_the_programs_race():
-    "PyTorch's CUDA notes' warning: a side stream reads the caller's tensors with no wait_stream first."
+    "PyTorch's CUDA notes' warning (test_edges.docs_example): a side stream reads the caller's tensors with no wait first."
     with streamnb.cpu_streams():
-        s = torch.cuda.Stream()
-        def racy(A, w):
-            with torch.cuda.stream(s):
-                B = (A @ w).sum()
-            torch.cuda.current_stream().wait_stream(s)
-            return B
-        def fixed(A, w):
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                B = (A @ w).sum()
-            torch.cuda.current_stream().wait_stream(s)
-            return B
         A, w = torch.randn(16, 16), torch.randn(16, 16, requires_grad=True)
-        bad, good = explain(racy, A, w), explain(fixed, A, w)
+        bad, good = explain(docs_example(False), A, w), explain(docs_example(True), A, w)
     assert {e.nodes[1] for e in bad.written.errors} == {"primals_1", "primals_2"}
     assert "s.wait_stream(torch.cuda.current_stream())" in bad.written.errors[0].message
     assert good.written.ok

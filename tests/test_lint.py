@@ -21,12 +21,11 @@ ALLOWED = {
     "01_graph": (48, None), "02_streamops": (44, None), "03_cost": (None, 12), "04_contention": (None, 11),
     "04a_simulate": (None, 10.5), "09_examples": (None, 14), "09a_course": (None, 18),
     "13_control_deps": (None, 13), "15_pipeline": (None, 11.5), "16_cpu_streams": (None, 22),
-    "16a_tracing": (None, 17), "16b_partition": (None, 13), "16c_capture": (47, 17), "17_explain": (None, 20),
+    "16a_tracing": (None, 17), "16b_partition": (None, 13), "16c_capture": (None, 17), "17_explain": (None, 20),
     "19a_cuda_demos": (None, 10.5), "20_compile": (None, 25), "20a_patterns": (None, 16), "20b_inference": (None, 15),
     "22_calibration": (None, 20), "23_cli": (None, 19), "90_fastfx": (None, 13),
 }
-# grown since, to shrink again: 16_cpu_streams (18.5 -> 22: the device-generic stand-ins, issue 46) and 16c_capture
-# (46 -> 47: the in-place capture record, issue 45)
+# grown since, to shrink again: 16_cpu_streams (18.5 -> 22: the device-generic stand-ins, issue 46)
 
 
 def export_cells(nb: Path) -> list[int]:

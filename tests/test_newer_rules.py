@@ -12,6 +12,7 @@ import torch
 from streamnb.control_deps import wrap_all_sync_nodes_with_control_deps as wrap
 from streamnb.graph import GraphBuilder, StreamRegistry, is_control_deps, use_registry
 from streamnb.sanitizer import sanitize
+from test_control_deps import ancestors   # (one definition, chapter 13's tests)
 
 aten, streams = torch.ops.aten, torch.ops.streams
 REC, WAIT, SYNC_E = streams.record_event.default, streams.wait_event.default, streams.synchronize_event.default
@@ -30,15 +31,6 @@ def inner(gm, ctrl):
 
 def ctrls_of(gm, target):
     return [c for c in ctrls(gm) if inner(gm, c).target is target]
-
-
-def ancestors(n):
-    "Every node `n` depends on through data edges."
-    seen, todo = set(), list(n.all_input_nodes)
-    while todo:
-        m = todo.pop()
-        if m not in seen: seen.add(m); todo.extend(m.all_input_nodes)
-    return seen
 
 
 def clean(gm, current=0):
@@ -432,31 +424,21 @@ def test_correction_13_input_mutation_writeback_precedes_barrier(barrier, upstre
 
 @pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
     strict=True, reason="the seed leaves the write-back after the barrier"), id="upstream")])
-def test_correction_13_current_stream_alias_writeback_precedes_wait_stream(upstream):
-    """test_current_stream_alias_writeback_precedes_wait_stream[direct]: the mutation runs on the current stream
-    (unannotated), an observer stream joins it. (Its `argument` and `closure` cases pass the current stream as a
-    `torch.cuda.ExternalStream` alias of it; after dynamo the graph is this one, and on a CPU there is no such alias.)"""
+@pytest.mark.parametrize("graph", [
+    # test_current_stream_alias_writeback_precedes_wait_stream[direct]: the mutation runs on the current stream
+    # (unannotated), an observer stream joins it. (Its `argument` and `closure` cases pass the current stream as a
+    # `torch.cuda.ExternalStream` alias of it; after dynamo the graph is this one, and on a CPU there is no such alias.)
+    pytest.param(dict(mutation_stream=None), id="current_stream_alias"),
+    # test_backward_input_writeback_before_wait_stream_errors: a custom backward mutates a saved input on a side
+    # stream, then the current stream joins it. Newer PyTorch refuses it ('backward input mutation cannot be ordered').
+    # On torch 2.13 AOTAutograd writes the input back inside the backward graph (a `copy_` at its end, as PyTorch's
+    # test_epilogue_copy_stream_tracking shows), so the default orders it instead: the `copy_` moves before the join
+    # (correction 13), the join depends on it, and the input holds the new value: a refusal would refuse a right program.
+    pytest.param(dict(backward=True), id="backward_input")])
+def test_correction_13_writeback_precedes_wait_stream(graph, upstream):
+    "The write-back of a mutated input is ordered before a `wait_stream` that joins the mutation's stream."
     from streamnb.capturing import run_graph
-    gm = _passes(mutate_then_barrier("wait_stream", mutation_stream=None), upstream)
-    (copy,) = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
-    (bar,) = ctrls_of(gm, WAIT_S)
-    assert copy in bar.args[0]
-    clean(gm)
-    x = torch.zeros(4)
-    run_graph(gm, x, torch.zeros(4))
-    assert x.tolist() == [1.0] * 4
-
-
-@pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="the seed leaves the write-back after the barrier"), id="upstream")])
-def test_correction_13_backward_input_writeback_is_ordered_before_the_join(upstream):
-    """test_backward_input_writeback_before_wait_stream_errors: a custom backward mutates a saved input on a side
-    stream, then the current stream joins it. Newer PyTorch refuses it ('backward input mutation cannot be ordered').
-    On torch 2.13 AOTAutograd writes the input back inside the backward graph (a `copy_` at its end, as PyTorch's
-    test_epilogue_copy_stream_tracking shows), so the default orders it instead: the `copy_` moves before the join
-    (correction 13), the join depends on it, and the input holds the new value: a refusal would refuse a right program."""
-    from streamnb.capturing import run_graph
-    gm = _passes(mutate_then_barrier("wait_stream", backward=True), upstream)
+    gm = _passes(mutate_then_barrier("wait_stream", **graph), upstream)
     (copy,) = gm.graph.find_nodes(op="call_function", target=aten.copy_.default)
     (bar,) = ctrls_of(gm, WAIT_S)
     assert copy in bar.args[0]
