@@ -218,17 +218,17 @@ class _ExplanationWriteBacks:
 class _ExplanationPart2:
     "What the program as written gets wrong: at its entry, and beyond the default's forward (a part of `Explanation`)."
     def _entry_note(self) -> str | None:
-        "The program as written reads inputs on side streams with no wait: no pass inserts that sync (the compiled rows assume it)."
+        "The program as written reads inputs on side streams with no wait: the program's own bug, or, in `annotate` style, the compiler's."
         found = [e for e in (self.written.errors if self.written is not None else ()) if self._at_entry(e)]
         if not found: return None
         count, first = _summed(found)
         fix = ("fix the program with `s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` "
                "block" if self.capture.frontend == "dynamo" else "eager runs `annotate` regions on one stream, but "
-               "compiled they run on side streams, and no pass (torch 2.13's or streamnb's) orders a side stream after "
-               "the graph's entry yet")
+               "compiled they run on side streams; torch 2.13's passes order no side stream after the graph's entry, "
+               "the default does (correction 29; in the forward with `forward_syncs=True`, as the switch does)")
         return (f"forward: the program as written has {count} at its entry: a side stream reads an input the caller made "
                 f"on its current stream with nothing ordering it after that stream (the race PyTorch's CUDA notes warn "
-                f"about; the compiled rows assume the caller fenced it): {fix}. The first: {first}")
+                f"about; the rows below judge the inputs the same way): {fix}. The first: {first}")
 
     def _written_note(self) -> str | None:
         "What the forward as written gets wrong that the default's processed forward does not (eager runs it as written)."
