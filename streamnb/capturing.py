@@ -58,7 +58,7 @@ class _CaptureViews:
                 f"{'forward only: no backward' if self.inference else f'backward={n(self.backward)}'}, {how})")
 
 # %% ../nbs/16c_capture.ipynb #ea8dc6e5
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)   # (its repr: `_CaptureViews`)
 class Capture(_CaptureViews):
     "A model's joint graph before any stream pass, its forward and backward, and what running them needs."
     joint: GraphModule                 # the joint graph; `meta['val']` on `device` (see `on_device`)
