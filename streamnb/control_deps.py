@@ -260,14 +260,13 @@ def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
     return [d for d in deps if not (d.op == "placeholder" and is_bwd_node(d))]
 
 # %% ../nbs/13_control_deps.ipynb #9e52b834
-def _entry_values(wait: Node, deps: list[Node], visited: set[Node], waiting: int | None,
-                  backward_syncs: set[Node], joint: bool = True) -> list[Node]:
+def _entry_values(wait: Node, deps: list[Node], visited: set[Node], waiting: int | None) -> list[Node]:
     """The values made before the graph that a correction-29 wait orders (its `meta['entry_reads']`, chapter 11), to
-    thread through it: what reads them later on its stream then depends on the wait (a backward wait: no forward value
-    but an input). A value an earlier sync passed through is read through its getitem: that is what is threaded."""
-    vs = [v for v in wait.meta.get("entry_reads", ()) if not (wait in backward_syncs and _forward_only(v, joint))]
-    return [c for v in vs for c in _carriers(v) if c not in deps
-            and not (wait in backward_syncs and _forward_only(c, joint))
+    thread through it: what reads them later on its stream then depends on the wait. A backward wait in a joint graph
+    passes forward values too (correction 7 allows it: the backward reads each of them, so the partitioner saves it
+    anyway, and `wrapped` tags the getitems backward). A value an earlier sync passed through is read through its
+    getitem: that is what is threaded."""
+    return [c for v in wait.meta.get("entry_reads", ()) for c in _carriers(v) if c not in deps
             and any(u not in visited and _is_consumer(u, waiting) for u in c.users)]
 
 def _carriers(v: Node) -> list[Node]:
@@ -292,7 +291,7 @@ def _inputs_as_values(w) -> None:
 def _crossing_inputs(w, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
     "Correction 6 (and 29's entry waits): what a crossing wait threads through, so its stream's later readers follow it."
     extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs, w.joint)
-    extra += _entry_values(wait, deps + extra, w.visited, waiting, w.backward_syncs, w.joint)
+    extra += _entry_values(wait, deps + extra, w.visited, waiting)
     return extra + _unordered_memory_accesses(wait, deps + extra, w.visited, w.memory, w.backward_syncs)
 
 # %% ../nbs/13_control_deps.ipynb #5cd4e071
@@ -584,7 +583,8 @@ _CORRECTIONS = (   # (number, the method that implements it, what the seed does,
      "write (or a read of memory written in place) that the wait orders"),
     (7, CorrectedWrap.partition_deps, "backward syncs depend on forward values, and a forward `synchronize_event` on an "
      "event recorded outside the graph on every input, the tangents too: AOTAutograd's partitioner rejects real joint "
-     "graphs", "backward syncs never depend on forward values, nor forward syncs on the backward's inputs"),
+     "graphs", "backward syncs never depend on forward values (an entry wait threads the saved values it orders: "
+     "correction 29), nor forward syncs on the backward's inputs"),
     (8, CorrectedWrap.stream_deps, "a sync right after another on its stream is left bare and can float",
      "syncs on a stream form a chain: a stream's list restarts at the last sync's ctrl"),
     (9, CorrectedWrap.record_deps, "`sync_dealloc` has no data edge from its `record_event`",

@@ -10,6 +10,7 @@ import os
 import tempfile
 from unittest import mock
 
+import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
@@ -31,14 +32,22 @@ def _in_backward(ctrl: Node, gm: GraphModule) -> bool:
 # %% ../nbs/16b_partition.ipynb #3888fc32
 def forward_deps_of_backward_syncs(joint: GraphModule) -> list[tuple[Node, Node]]:
     """(control_deps node, forward value) pairs where a backward sync depends on, or passes through, a forward value
-    (`partitioner_tag == "is_forward"`): what correction 7 of the control_deps chapter rules out."""
+    (`partitioner_tag == "is_forward"`): what correction 7 of the control_deps chapter rules out. Not a saved tensor
+    it passes through to the backward (correction 29's entry waits): its getitems are backward nodes."""
     check_graph_module(joint, 'joint')
     out = []
     for n in joint.graph.nodes:
         if not is_control_deps(n) or not _in_backward(n, joint): continue
         ins = dict.fromkeys(a for a in pytree.tree_leaves((n.args[0], n.args[2:])) if isinstance(a, Node))
-        out += [(n, a) for a in ins if a.meta.get("partitioner_tag") == "is_forward"]
+        out += [(n, a) for a in ins if a.meta.get("partitioner_tag") == "is_forward" and not _saved_through(n, a)]
     return out
+
+# %% ../nbs/16b_partition.ipynb #8a1e8db3
+def _saved_through(ctrl: Node, a: Node) -> bool:
+    "Does backward sync `ctrl` pass the tensor `a` through, with no getitem of it tagged `is_forward`?"
+    if a not in ctrl.args[2:] or not isinstance(a.meta.get("val"), torch.Tensor): return False
+    i = ctrl.args.index(a, 2) - 1
+    return all(g.meta.get("partitioner_tag") != "is_forward" for g in ctrl.users if g.args[1:] == (i,))
 
 # %% ../nbs/16b_partition.ipynb #45a81986
 def add_control_deps_vals(gm: GraphModule) -> GraphModule:

@@ -243,19 +243,25 @@ def _made_on(a: Node, reg) -> tuple | None:
     return input_streams_of(a, reg)
 
 # %% ../nbs/11_syncs.ipynb #e264d2cc
+def _name_current(reg, a: Node) -> None:
+    """Have the registry name the current stream (of `a`'s device) before an index is mapped to it (`physical_stream`):
+    an unpinned one would take index 0 for it, which may be a side stream (dynamo's numbering, chapter 20)."""
+    if reg.pinned_current is None and not reg.current_streams: get_current_stream(get_device(a))
+
 def _entry_reads(gm: GraphModule) -> dict[tuple, dict[int, tuple[Node, list[Node]]]]:
     """Correction 29: `(stream index it was made on, device)` -> `{reading stream: (its first reader, the values it reads
     there)}` for the backward's reads of values made before it (a graph input, or a forward value saved for it) on a
     stream they are not ready on (`input_streams`, `forward_ready`, chapter 02), in graph order; stream ops read nothing."""
-    reg, first, fr = get_registry(), {}, forward_ready(gm)
+    reg, first, fr = get_registry(), {}, None
     for n in gm.graph.nodes:
         if n.op != "call_function" or not is_bwd_node(n) or decode(n, gm) is not None: continue
-        s = physical_stream(get_stream(n), reg)
         for a in flat_args(n):
             if not (a.op == "placeholder" or (a.op == "call_function" and not is_bwd_node(a))): continue
             if _host_value(a) or get_device(a).type == "cpu": continue
-            ready = _made_on(a, reg) if a.op == "placeholder" else fr.get(a)
-            if ready is None or s in ready: continue
+            if fr is None and a.op != "placeholder": _name_current(reg, a); fr = forward_ready(gm)
+            if (ready := _made_on(a, reg) if a.op == "placeholder" else fr.get(a)) is None: continue
+            if get_stream(n) is None: _name_current(reg, a)
+            if (s := physical_stream(get_stream(n), reg)) in ready: continue
             made = get_current_stream(get_device(a)) if reg.is_current_stream(ready[0]) else ready[0]
             reader, values = first.setdefault((made, get_device(a)), {}).setdefault(s, (n, []))
             if a not in values: values.append(a)
@@ -303,7 +309,8 @@ def _val_readers(edges: list[tuple[Node, Node]]) -> set[Node]:
 @stream_pass("insert_backward_syncs")
 def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     "Insert a record/wait pair for each backward value that crosses streams (seed: first consumer only; no writes after reads)."
-    ops = check_stream_ops(gm)   # a malformed stream op is refused first; the ops are kept for the indices below
+    ops = check_stream_ops(gm)   # a malformed stream op is refused first
+    reserve_indices_in_use(gm, ops)   # new indices (events, the current stream) never equal one the graph already uses
     p = SeedSyncs() if upstream else CorrectedSyncs()
     war = p.write_after_read(gm)   # found before any insertion
     entry = p.entry_reads(gm)   # so are the reads of what was made before the graph
@@ -311,7 +318,6 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     p.host_values([(c, a) for c, a in edges if _host_value(a)])   # the seed refuses them, before any change
     outs = p.output_producers(gm)   # returned side-stream values: none for the seed
     require_val(_val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change (validated on entry)
-    reserve_indices_in_use(gm, ops)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node) and p.reads(node, gm):

@@ -158,14 +158,7 @@ def captured(name):
     return model, inputs, capture(model, *inputs)
 
 
-_GAP_29 = pytest.mark.xfail(strict=True, reason=(
-    "known gap (correction 29): in the joint graph a backward wait may not pass a forward value through (correction 7), "
-    "so the entry wait for what the forward made on stream 1 orders its readers in program order only; the "
-    "partitioned backward is race-free but reorder-unsafe"))
-
-
-@pytest.mark.parametrize("name,strategy", [pytest.param(n, s, marks=_GAP_29) if (n, s) == ("side_stream_consumer", "single")
-                                           else (n, s) for s in STRATEGIES for n in STREAM_MODELS])
+@pytest.mark.parametrize("name,strategy", [(n, s) for s in STRATEGIES for n in STREAM_MODELS])
 def test_every_strategy_is_race_free_reorder_safe_and_matches_eager(name, strategy):
     model, inputs, cap = captured(name)
     pc = process_capture(cap, strategy=strategy)

@@ -176,11 +176,7 @@ def test_values_on_restores_cpu_values():
 # torch.compile on the CPU, default mode: capture's graphs, eager's numbers, dynamo's indices
 # ----------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(
-    reason="known gap (correction 29): the switch's forward entry wait (dynamo's current stream, asked when the pass "
-           "needs it) and capture's (the registry's pinned one) land in different places in side_stream_consumer's "
-           "joint graph; both are sanitizer-clean (tests/test_entry_syncs.py)", strict=True))
-    if m == "side_stream_consumer" else m for m in STREAM_MODELS])
+@pytest.mark.parametrize("name", STREAM_MODELS)
 def test_compile_annotated_models(name):
     model, inputs = make_model(name)
     sw, graphs, out, grads, pgrads = compile_and_run(model, inputs, cpu_as="meta")

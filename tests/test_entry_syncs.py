@@ -15,7 +15,7 @@ from streamnb.inference import compile_inference
 from streamnb.patterns import compile_pattern
 from streamnb.pipeline import run_stream_passes
 from streamnb.sanitizer import sanitize
-from streamnb.streamops import count_syncs
+from streamnb.streamops import check_stream_ops, count_syncs
 from streamnb.syncs import CorrectedSyncs
 from test_edges import docs_example
 
@@ -185,3 +185,24 @@ def test_compiled_inference_is_clean(name, style):
     assert not [x for x in w if issubclass(x.category, StreamRaceWarning)]
     assert all(rep.ok for rep in r["explanation"].reports.values())
     torch.testing.assert_close(r["outputs"], r["eager"])
+
+
+def test_entry_wait_with_an_unpinned_registry_whose_side_stream_is_0():
+    """The registry names the current stream before an index is mapped to it: an unpinned registry (dynamo's, chapter
+    20) would take index 0 for it, and 0 may be a side stream. Then the entry wait landed on the current stream itself
+    (record and wait both on it: a no-op) and the side stream's read of the gradient went unordered."""
+    b = GraphBuilder(inputs_ready="made")
+    t = b.input("tangents_1")
+    a = b.op(aten.neg.default, t)                     # the current stream (unannotated) reads the gradient first
+    g = b.op(aten.mul.Tensor, t, t, stream=0)        # stream 0 is a side stream here
+    gm = b.output(b.op(aten.add.Tensor, a, g))
+    reg = StreamRegistry(start=0)                     # nothing pinned: the current stream is asked for when needed
+    with use_registry(reg):
+        run_stream_passes(gm)
+        assert sanitize(gm).ok and sanitize(gm, reorder=True).ok
+    assert reg.current_streams and 0 not in reg.current_streams
+    ops = list(check_stream_ops(gm).values())
+    recorded_on = {op.event: op.stream for op in ops if op.kind == "record_event"}
+    pairs = [(recorded_on[op.event], op.stream) for op in ops if op.kind == "wait_event"]
+    assert any(reg.is_current_stream(made) and waiting == 0 for made, waiting in pairs)   # the side stream's entry wait
+    assert not any(reg.is_current_stream(made) and reg.is_current_stream(waiting) for made, waiting in pairs)   # no no-op
