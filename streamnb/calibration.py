@@ -43,10 +43,12 @@ def conv(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act:
     layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
     return nn.Sequential(*layers, nn.ReLU()) if act else nn.Sequential(*layers)
 
+# %% ../nbs/22_calibration.ipynb #bc2c8cf3
 def relu_sep(cin: int, cout: int, k: int, stride: int = 1) -> nn.Sequential:
     "ReLU, depthwise k×k, pointwise 1×1 (IOS's `relu_sep_conv`)."
     return nn.Sequential(nn.ReLU(), conv(cin, cin, k, stride, groups=cin, act=False), conv(cin, cout, 1, act=False))
 
+# %% ../nbs/22_calibration.ipynb #799b47b0
 def relu_conv(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
     "ReLU, then a 1×1 convolution (IOS's `relu_conv`)."
     return nn.Sequential(nn.ReLU(), conv(cin, cout, 1, stride, act=False))
@@ -62,6 +64,7 @@ class Fire(nn.Module):
         s = self.s(x)
         return torch.cat([self.e3(s), self.e1(s)], 1) + self.bypass(x)
 
+# %% ../nbs/22_calibration.ipynb #525836c9
 class SqueezeNetBypass(nn.Module):
     "SqueezeNet 1.0 with complex bypass (Iandola et al. 2016), as IOS benchmarks it; 224×224 images."
     def __init__(self):
@@ -85,6 +88,7 @@ def ws_dag(n: int, k: int, p: float, seed: int) -> list[tuple[int, int]]:
             edges.add((a, b))
     return sorted({(min(a, b), max(a, b)) for a, b in edges})
 
+# %% ../nbs/22_calibration.ipynb #b8201986
 class RandStage(nn.Module):
     "A random-graph stage: each node sums its inputs, then ReLU and a separable 3×3; input nodes stride 2; the sinks are summed."
     def __init__(self, cin: int, c: int, n: int, seed: int):
@@ -98,6 +102,7 @@ class RandStage(nn.Module):
         for preds, node in zip(self.preds, self.nodes): out.append(node(sum(out[u] for u in preds) if preds else x))
         return sum(out[v] for v in self.sinks)
 
+# %% ../nbs/22_calibration.ipynb #2015a4ba
 class RandWireLarge(nn.Module):
     "RandWire-WS(4, 0.75), regular regime (Xie et al. 2019), C = 154: stages of 16, 32, 32, 32 nodes; 224×224 images."
     def __init__(self, c: int = 154, seed: int = 2):
@@ -181,8 +186,11 @@ def load_torchvision():
 
 # %% ../nbs/22_calibration.ipynb #4ba97174
 _aten = torch.ops.aten
+
+# %% ../nbs/22_calibration.ipynb #a3f16050
 def _packet(n): return getattr(n.target, "overloadpacket", n.target)
 
+# %% ../nbs/22_calibration.ipynb #ac377666
 def inference_graph(cap: Capture) -> GraphModule:
     "A copy of `cap`'s forward graph that returns only the model's outputs (not the tensors saved for backward)."
     if not isinstance(cap, Capture): raise TypeError(f"cap: expected a Capture, got {type(cap).__name__}")
@@ -192,6 +200,7 @@ def inference_graph(cap: Capture) -> GraphModule:
     gm.graph.eliminate_dead_code(); gm.recompile()
     return gm
 
+# %% ../nbs/22_calibration.ipynb #7b0c9870
 def engine_view(gm: GraphModule) -> GraphModule:
     "`gm` (in place) as a cuDNN inference engine runs it: BatchNorm folded into the convolution before it, a convolution's only ReLU in its epilogue."
     check_graph_module(gm)
@@ -218,6 +227,7 @@ class Prediction:
     @property
     def speedup(self) -> float: return self.single_ms / self.streams_ms
 
+# %% ../nbs/22_calibration.ipynb #e5a472b3
 def _makespan(gm: GraphModule, device: DeviceSpec, strategy: str, side_streams: int) -> float:
     g = copy.deepcopy(gm)
     with use_registry(StreamRegistry(start=100, current_stream=0)) as reg:
@@ -225,6 +235,7 @@ def _makespan(gm: GraphModule, device: DeviceSpec, strategy: str, side_streams: 
         run_passes_fewest_syncs(g, device=device)
         return simulate(g, device=device, registry=reg, contention=True).makespan
 
+# %% ../nbs/22_calibration.ipynb #911c3d40
 def predict(gm: GraphModule, device: str | DeviceSpec, *, strategies=("nimble", "critical_path"),
             side_streams: int = 3) -> Prediction:
     """`gm` simulated with contention on one stream and with each strategy's streams: a `Prediction`. `device`: a name
@@ -243,6 +254,7 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
     return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
 
+# %% ../nbs/22_calibration.ipynb #15ddb09f
 def mean_relative_error(predicted: list[float], measured: list[float]) -> float:
     "The mean of `abs(predicted - measured) / measured`."
     return sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(measured)
@@ -255,6 +267,7 @@ IOS_MODELS = {   # name -> (builder of the model, or None without torchvision; i
     "squeezenet": (lambda tv: SqueezeNetBypass(), 224),
 }
 
+# %% ../nbs/22_calibration.ipynb #aa7498ba
 def capture_ios_model(name: str, seed: int = 0) -> GraphModule | None:
     "The engine's inference graph of IOS's model `name` (random weights, seeded), or None when it needs torchvision and that is missing."
     if name not in IOS_MODELS: raise StreamnbError(f"unknown model {name!r}; one of {', '.join(IOS_MODELS)}")
@@ -265,6 +278,7 @@ def capture_ios_model(name: str, seed: int = 0) -> GraphModule | None:
     cap = capture(build(tv).eval(), torch.randn(1, 3, size, size), frontend="aot")
     return engine_view(inference_graph(cap))
 
+# %% ../nbs/22_calibration.ipynb #b3e0bac6
 def compare(graphs: dict[str, GraphModule], device: str | DeviceSpec = "V100", **predict_kw) -> list[tuple]:
     "Rows (model, measured speedup, predicted speedup, measured one-stream ms, simulated one-stream ms, strategy, kernels)."
     rows = []

@@ -36,6 +36,7 @@ SM_COUNTS: dict[str, int] = {   # SMs per device, for a DeviceSpec made without 
 }
 ELEMENTS_PER_BLOCK = 1024   # one thread block per 1024 elements: a typical pointwise kernel's block (a model constant)
 
+# %% ../nbs/04_contention.ipynb #7ff837f1
 def sm_count(device: str | DeviceSpec) -> int:
     "The number of SMs of `device` (its `sm_count`, else `SM_COUNTS`)."
     spec = get_device_spec(device)
@@ -186,4 +187,5 @@ def _play(self: ContendedClock) -> None:
                 if k[2] is not None: k[1] = max(0.0, k[1] - k[2] * (now - k[0]))
                 k[0], k[2] = now, rate
 
+# %% ../nbs/04_contention.ipynb #ffee2d2c
 ContendedClock.play = _play

@@ -120,6 +120,7 @@ CALIBRATION: dict[str, tuple[Any, str]] = {   # field -> (value, source); `calib
 _THREADS_PER_SM = {"L4": 1536}       # Ada (sm_89)
 _NO_TF32 = {"V100"}                  # Volta has no TF32 tensor cores
 
+# %% ../nbs/03_cost.ipynb #a00ef9d7
 def calibrated(device: str | DeviceSpec) -> DeviceSpec:
     "`device` (a name or a `DeviceSpec`) with the `CALIBRATION` values: what chapter 22 checks against measurements."
     spec = get_device_spec(device)
@@ -187,6 +188,7 @@ def val_nodes(node: Node) -> list[Node]:
     if node.op != "call_function" or is_free_op(node): return []
     return [node] + list(dict.fromkeys(flat_args(node)))
 
+# %% ../nbs/03_cost.ipynb #943bdddc
 def _tensors(x: Any) -> list[torch.Tensor]:
     "The tensors in `x` (a pytree of values); a tensor, or a flat list or tuple of values, without the pytree walk."
     if isinstance(x, torch.Tensor): return [x]
@@ -199,12 +201,14 @@ _aten = torch.ops.aten
 _CONVOLUTIONS = {_aten.convolution, _aten._convolution}
 _OUTPUT_PARALLEL = {*_CONVOLUTIONS, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.embedding}
 
+# %% ../nbs/03_cost.ipynb #97a7e932
 def _nbytes(node: Node, out: Any, inputs: list) -> int:
     "Bytes a kernel moves: its distinct inputs read and its output written; a lookup reads only the rows it returns."
     if _packet(node.target) is _aten.embedding:   # embedding(weight, indices): the rows read are the output's size
         return sum(get_num_bytes(t) for t in _tensors(inputs[1:]) + 2 * _tensors(out))
     return sum(get_num_bytes(t) for t in _tensors(inputs) + _tensors(out))
 
+# %% ../nbs/03_cost.ipynb #7c3c96aa
 _MEMO: dict | None = None   # inside `kernel_times_memo()`: (node, spec, efficiency, tf32) -> kernel_times' result
 
 # %% ../nbs/03_cost.ipynb #a7cd3024
@@ -257,6 +261,7 @@ def work_elements(node: Node) -> int:
         out += _tensors([get_val(a) for a in dict.fromkeys(flat_args(node))])
     return max((t.numel() for t in out), default=0)
 
+# %% ../nbs/03_cost.ipynb #9e88cf5d
 def work_occupancy(node: Node, spec: DeviceSpec) -> float:
     "The fraction of `spec`'s SMs `node`'s work fills: `work_elements` over `sm_count × threads_per_sm` (1.0 in the ideal model)."
     if not spec.threads_per_sm: return 1.0

@@ -38,36 +38,43 @@ class CPUEvent(torch.Event):
     def query(self) -> bool: return True
     def elapsed_time(self, end) -> float: return 0.0
 
+# %% ../nbs/16_cpu_streams.ipynb #517b8a03
 _CURRENT: CPUStream | None = None            # the CPU stand-in for the current stream
 
 # %% ../nbs/16_cpu_streams.ipynb #b6ee9d80
 _TorchStream, _TorchEvent = torch.Stream, torch.Event   # torch's own classes (`cpu_streams` stands in for the names)
 
+# %% ../nbs/16_cpu_streams.ipynb #6c64e96d
 class _Like(type):
     "The stand-ins' metaclass: `isinstance` and `issubclass` answer as for torch's own class (dynamo's checks, the user's)."
     def __instancecheck__(cls, obj) -> bool: return isinstance(obj, cls.torch_class)
     def __subclasscheck__(cls, sub) -> bool: return sub is cls or issubclass(sub, cls.torch_class)
 
+# %% ../nbs/16_cpu_streams.ipynb #556465c9
 class _AnyStream(metaclass=_Like):
     "`torch.Stream(device, priority=p)` under `cpu_streams`: a `CPUStream` whatever device it names (torch's class while dynamo traces)."
     torch_class = _TorchStream
     def __new__(cls, device=None, priority=0, **kwargs):
         return (_TorchStream if torch.compiler.is_compiling() else CPUStream)(device="cpu", priority=priority)
 
+# %% ../nbs/16_cpu_streams.ipynb #a2abbd16
 class _AnyEvent(metaclass=_Like):
     "`torch.Event(device, ...)` under `cpu_streams`: a `CPUEvent` whatever device it names (torch's class while dynamo traces)."
     torch_class = _TorchEvent
     def __new__(cls, device=None, **kwargs):
         return (_TorchEvent if torch.compiler.is_compiling() else CPUEvent)(device="cpu", **kwargs)
 
+# %% ../nbs/16_cpu_streams.ipynb #3dff7fd9
 def _build_stream(args: tuple, kwargs: dict):
     "dynamo's `build_stream` (compiled code remakes a stream made in the graph with the program's arguments) on the CPU."
     return _TorchStream(device="cpu", priority=kwargs.get("priority", 0))
 
+# %% ../nbs/16_cpu_streams.ipynb #1b07c5f3
 def _build_event(args: tuple, kwargs: dict):
     "dynamo's `build_event`, likewise."
     return _TorchEvent(device="cpu", **{k: v for k, v in kwargs.items() if k != "device"})
 
+# %% ../nbs/16_cpu_streams.ipynb #abe96f5c
 def _dynamo_classes() -> set:
     """The classes whose calls dynamo makes itself (cached the first time it is asked: `cpu_streams` asks before it stands
     in for torch's names), with the stand-ins added: dynamo makes them at trace time, as it makes torch's, and rebuilds
@@ -87,6 +94,7 @@ def _stand_ins() -> tuple:
     def stream_context(stream): return contextlib.nullcontext() if stream is None else stream
     return cuda_stream, any_event, cuda_event, stream_context
 
+# %% ../nbs/16_cpu_streams.ipynb #af71668d
 def _record_event_method(S) -> Callable:
     "dynamo's `StreamVariable.call_method` (`S`: its module), with `s.record_event()` handed an event to record."
     stream_method = S.StreamVariable.call_method
@@ -147,6 +155,7 @@ class RunResult(tuple):
     grads = property(lambda self: self[1])
     def __repr__(self): return f"RunResult(outputs={self[0]!r}, grads={self[1]!r}, param_grads={list(self.param_grads)})"
 
+# %% ../nbs/16_cpu_streams.ipynb #a4b99619
 class CPUInterpreter(torch.fx.Interpreter):
     "Runs a processed graph on the CPU: stream ops only order work, so on one CPU stream they do nothing."
     def run_node(self, n: Node) -> Any:
@@ -156,6 +165,7 @@ class CPUInterpreter(torch.fx.Interpreter):
         if decode(n) is not None: return None        # every row of the stream-ops table: a no-op on one CPU stream
         return super().run_node(n)
 
+# %% ../nbs/16_cpu_streams.ipynb #1465d796
 def run_graph(gm: GraphModule, *args) -> list:
     "Run `gm` on the CPU with `CPUInterpreter`; a list of its outputs."
     check_graph_module(gm)

@@ -25,6 +25,7 @@ __all__ = ['FAST_FX_TORCH', 'FAST_OFF_REASON', 'FAST', 'fast_path_enabled', 'pau
 # %% ../nbs/90_fastfx.ipynb #9eee3c01
 FAST_FX_TORCH = "2.13"   # the torch release (major.minor) whose FX internals the fast path below was written for
 
+# %% ../nbs/90_fastfx.ipynb #3c551e08
 def _load() -> tuple[SimpleNamespace | None, str]:
     """FX's private `_LazyGraphModule`, a module template and `''` (every private name the fast path uses is probed by
     `torchprivate`, feature `fx_fast_path`); or `None`, why not."""
@@ -39,6 +40,7 @@ def _load() -> tuple[SimpleNamespace | None, str]:
     return SimpleNamespace(lazy=_LazyGraphModule, shared={k: v for k, v in d.items() if not isinstance(v, containers)},
                            fresh=[(k, type(v)) for k, v in d.items() if isinstance(v, containers)]), ""
 
+# %% ../nbs/90_fastfx.ipynb #32c45331
 def fast_path_enabled() -> bool:
     "True when the fast path can be on here: `_load` finds every private name it uses (else see `FAST_OFF_REASON`)."
     return _load()[0] is not None
@@ -61,6 +63,7 @@ def paused_gc() -> Iterator[None]:
 # %% ../nbs/90_fastfx.ipynb #ada72c8f
 _CANDIDATES: dict = {}   # id(callable target) -> (it, `Graph._target_to_str(it)`: FX's name for its nodes, unnumbered)
 
+# %% ../nbs/90_fastfx.ipynb #4b77af7d
 def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
                 name: str | None = None) -> Node:
     "`graph.create_node(op, target, args, kwargs, name)` for args made of ints and Nodes (no SymInt scan)."
@@ -81,6 +84,7 @@ def create_node(graph: Graph, op: str, target: Any, args: tuple = (), kwargs: di
     graph._len += 1
     return n
 
+# %% ../nbs/90_fastfx.ipynb #68744bcf
 def call_function(graph: Graph, target: Any, args: tuple = (), kwargs: dict | None = None) -> Node:
     "`graph.call_function(target, args, kwargs)`, through `create_node`."
     return create_node(graph, "call_function", target, args, kwargs)
@@ -96,6 +100,7 @@ def save_names(graph: Graph):
         ns._base_count.clear(); ns._base_count.update(base)   # a defaultdict in some releases: keep its type
     return restore
 
+# %% ../nbs/90_fastfx.ipynb #38a1771a
 def revive(graph: Graph, node: Node) -> bool:
     "Make an erased `node` a member of `graph` again, unlinked (place it with `prepend`/`append`); False if it cannot."
     if not FAST: return False
@@ -113,6 +118,7 @@ def subgraph_name(gm: GraphModule, name: str) -> str:
     while hasattr(gm, f"{name}_{i}"): i += 1
     return f"{name}_{i}"
 
+# %% ../nbs/90_fastfx.ipynb #ace978f4
 _NAMES: dict = {}   # (target, Node arguments, deps) -> what FX names a subgraph of that shape (see `_subgraph_names`)
 
 # %% ../nbs/90_fastfx.ipynb #c65394bc

@@ -39,6 +39,7 @@ streams = torch.ops.streams
 # %% ../nbs/01_graph.ipynb #25c0552a
 INT64_MAX = 2**63 - 1
 
+# %% ../nbs/01_graph.ipynb #23e218ef
 def get_stream(node: Node) -> int | None:
     "The stream index annotated on `node` (`meta['custom']['stream']`), or None."
     custom = node.meta.get("custom", None)
@@ -50,12 +51,14 @@ def get_stream(node: Node) -> int | None:
     check_index(node, ind, "stream annotation")
     return int(ind)
 
+# %% ../nbs/01_graph.ipynb #5c9ca5bb
 def check_graph_module(gm: Any, arg: str = "gm") -> None:
     "A `TypeError` naming the argument unless `gm` is a `torch.fx.GraphModule`."
     if not isinstance(gm, GraphModule):
         hint = " (pass the GraphModule, not its .graph)" if isinstance(gm, Graph) else ""
         raise TypeError(f"{arg}: expected a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
 
+# %% ../nbs/01_graph.ipynb #b3d6348a
 def check_index(node: Node, ind: Any, what: str) -> None:
     "Raise a `StreamAnnotationError` naming `node` unless `ind` is a stream or event index: an int in int64, not negative."
     if isinstance(ind, bool) or not isinstance(ind, int):
@@ -74,6 +77,7 @@ def set_stream(node: Node, ind: int) -> None:
 BWD_TAGS = ("is_backward", "must_be_in_backward")
 FWD_TAGS = ("is_forward", "must_be_in_forward")   # a forward node: the program's, or a sync streamnb put there
 
+# %% ../nbs/01_graph.ipynb #fe56b1ab
 def is_bwd_node(node: Node) -> bool:
     "True if the partitioner will put `node` in the backward graph."
     return node.meta.get("partitioner_tag") in BWD_TAGS
@@ -110,6 +114,7 @@ SYNC_OPS = (
     streams.synchronize_stream.default,
 )
 
+# %% ../nbs/01_graph.ipynb #34c0e913
 def is_control_deps(node: Node) -> bool:
     "True for a call to the `control_deps` higher-order op."
     return (node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
@@ -123,16 +128,8 @@ def flat_args(node: Node) -> list[Node]:
     return args
 
 # %% ../nbs/01_graph.ipynb #1890a755
-class StreamRegistry:
-    "Hands out event indices and current-stream indices from one counter, and remembers what each index is."
-    def __init__(self, start: int = 0, current_stream: int | None = None):
-        self._free = start                                  # the next index to try
-        self.reserved: set[int] = set()                      # indices in use elsewhere: never handed out
-        self.pinned_current = current_stream
-        self.events: list[int] = []                          # event indices, in order of creation
-        self.current_streams: dict[int, torch.device] = {}   # index -> device, for current-stream lookups
-        if current_stream is not None: self.current_streams[current_stream] = None
-
+class _RegistryState:
+    "A registry's counter and what it has handed out and reserved (a part of `StreamRegistry`)."
     def _next(self) -> int:
         i = self._free
         while i in self.reserved: i += 1
@@ -150,6 +147,17 @@ class StreamRegistry:
     def reserve(self, indices) -> None:
         "Never hand out any of `indices` (those a graph already uses)."
         self.reserved.update(indices)
+
+# %% ../nbs/01_graph.ipynb #fd6cf57c
+class StreamRegistry(_RegistryState):
+    "Hands out event indices and current-stream indices from one counter, and remembers what each index is."
+    def __init__(self, start: int = 0, current_stream: int | None = None):
+        self._free = start                                  # the next index to try
+        self.reserved: set[int] = set()                      # indices in use elsewhere: never handed out
+        self.pinned_current = current_stream
+        self.events: list[int] = []                          # event indices, in order of creation
+        self.current_streams: dict[int, torch.device] = {}   # index -> device, for current-stream lookups
+        if current_stream is not None: self.current_streams[current_stream] = None
 
     def new_event(self) -> int:
         "A fresh event index."
@@ -176,6 +184,7 @@ _DEFAULT_REGISTRY = StreamRegistry(start=100, current_stream=0)
 _active_registry: contextvars.ContextVar[StreamRegistry] = contextvars.ContextVar("streamnb_registry",
                                                                                  default=_DEFAULT_REGISTRY)
 
+# %% ../nbs/01_graph.ipynb #4a4253e2
 def get_registry() -> StreamRegistry:
     "The active registry (of this thread or context)."
     return _active_registry.get()
@@ -278,6 +287,7 @@ def describe(gm: GraphModule) -> str:
 _EVENT_ARG = {streams.record_event.default: (0,), streams.wait_event.default: (0,),
               streams.synchronize_event.default: (0,), streams.sync_dealloc.default: (0,)}
 
+# %% ../nbs/01_graph.ipynb #91d7181d
 def _tname(t) -> str:
     if t is operator.getitem: return "getitem"
     if isinstance(t, torch._ops.HigherOrderOperator): return f"hop.{t.name()}"
@@ -308,6 +318,7 @@ def canonical(gm: GraphModule, rename_events: bool = True, names: bool = True, _
 class StreamnbError(Exception):
     "Base class of the errors streamnb raises for bad input."
 
+# %% ../nbs/01_graph.ipynb #d4b5c459
 class StreamAnnotationError(StreamnbError, TypeError):
     "A node's stream annotation is not an int."
 
@@ -320,6 +331,7 @@ class MissingValError(StreamnbError, KeyError):
 class UnknownEventError(StreamnbError):
     "A sync node waits on an event that no node of the graph records before it."
 
+# %% ../nbs/01_graph.ipynb #edd7df97
 class AlreadyProcessedWarning(UserWarning):
     "A pass was asked to run on a graph it (or PyTorch) has already processed; it did nothing."
 
@@ -357,6 +369,7 @@ class IndexedDict(MutableMapping, Generic[K, V]):
 PIPELINE_ORDER = ("assign_backward_streams", "assign_epilogue_copy_streams", "insert_backward_syncs",
                   "sync_deallocations", "wrap_all_sync_nodes_with_control_deps")
 
+# %% ../nbs/01_graph.ipynb #d383aefd
 @functools.cache
 def _returns(target) -> tuple | None:
     """The return types of each schema of the `aten` op `target` (an overload: one; a packet such as `aten.add`: one
@@ -376,6 +389,7 @@ def _fits(v: Any, t) -> bool:
         return isinstance(v, (list, tuple)) and all(x is None or isinstance(x, torch.Tensor) for x in v)
     return True
 
+# %% ../nbs/01_graph.ipynb #be99a3a0
 def _not_a_tensor(n: Node, val: Any) -> bool:
     """Is `val` not what `n`'s `aten` op makes by any of its schemas (a packet such as `aten.relu`: any overload's): a
     tensor for a Tensor, a list of tensors for a Tensor[], a tuple (or list) of those or None for several results?"""
@@ -387,6 +401,7 @@ def _not_a_tensor(n: Node, val: Any) -> bool:
         return isinstance(val, (tuple, list)) and all(v is None or _fits(v, r) for v, r in zip(val, rets))
     return not any(fits(r) for r in schemas)
 
+# %% ../nbs/01_graph.ipynb #bae5372b
 def _val_error(n: Node) -> str | None:
     "What is wrong with `n`'s `meta['val']` (text; not what its `aten` op makes), or None."
     v = n.meta["val"]
@@ -447,9 +462,11 @@ def require_val(need_val: Collection[Node]) -> None:
 def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
 
+# %% ../nbs/01_graph.ipynb #df251404
 RECOGNISE: dict[str, Callable[[GraphModule], tuple[Node, str] | None]] = {}
 "Pass name -> how to see from a graph's content that the pass already ran on it: `(a node it made, why)` or None."
 
+# %% ../nbs/01_graph.ipynb #889fb822
 def _inserted_by(gm: GraphModule, name: str) -> tuple[Node, str] | None:
     """A node that pass `name`, or a pass after it in `PIPELINE_ORDER`, inserted, and how we know: its
     `meta['streamnb_pass']` (which a copy of the graph keeps when it drops the marks), a `control_deps` node (after the
@@ -464,6 +481,7 @@ def _inserted_by(gm: GraphModule, name: str) -> tuple[Node, str] | None:
         if found is not None: return found
     return None
 
+# %% ../nbs/01_graph.ipynb #b2029c93
 def already_processed(gm: GraphModule, name: str) -> bool:
     "True (with an `AlreadyProcessedWarning`) if pass `name` must not run on `gm` again."
     check_graph_module(gm)
@@ -473,6 +491,7 @@ def already_processed(gm: GraphModule, name: str) -> bool:
     warnings.warn(f"{name}: the graph was already processed ({why}); nothing done", AlreadyProcessedWarning, stacklevel=4)
     return True
 
+# %% ../nbs/01_graph.ipynb #3fc89424
 def mark_processed(gm: GraphModule, name: str) -> None:
     "Record that pass `name` ran on `gm`, in `gm.meta` and on its graph (new containers: a snapshot keeps the old)."
     check_graph_module(gm)
@@ -589,6 +608,7 @@ class Correction:
 # %% ../nbs/01_graph.ipynb #c801c8ed
 CORRECTIONS: dict[int, Correction] = {}
 
+# %% ../nbs/01_graph.ipynb #13a0321a
 def correction(number: int, chapter: str, seed: str, fix: str) -> Callable:
     "Decorator: register the function or method that implements correction `number`."
     def register(fn):

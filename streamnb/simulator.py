@@ -162,6 +162,7 @@ _ON_SYNC: dict[str, Callable] = {   # (state, decoded op, physical stream of an 
     "join": lambda st, op, ph, base: None,
 }
 
+# %% ../nbs/04a_simulate.ipynb #78300d52
 def _on_sync(st: "SimState", op: StreamOp, ph: Callable, base: dict) -> None:
     "Apply one decoded stream op to the simulation state."
     if op.kind not in _ON_SYNC: raise StreamnbError(f"node {op.node.name}: the simulator does not know {op.kind}")
@@ -301,6 +302,7 @@ def free(st: SimState, b: Node) -> None:
         if p not in st.recorded.get(b, ()) and not st.knows(s, p, k):
             st.pending.setdefault(s, []).append((UnsafeFree(b.name, s, t, reader, p, end), p, k))
 
+# %% ../nbs/04a_simulate.ipynb #b25e90ac
 def reuse(st: SimState, s: int) -> None:
     """Stream `s` issues its next kernel (or the graph ends): a block freed to its pool since is unsafe if a read on
     another stream is still not ordered before it (as the sanitizer judges it, chapter 07)."""

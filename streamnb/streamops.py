@@ -36,11 +36,13 @@ class OpSpec:
         "Positions of the event and stream indices."
         return self.streams if self.event is None else (self.event, *self.streams)
 
+# %% ../nbs/02_streamops.ipynb #4cf7692c
 class _Rows(dict):
     "The stream-op table: adding, changing or removing a row empties `decode`'s cache of targets (below)."
     def __setitem__(self, k, v): super().__setitem__(k, v); _SPECS.clear()
     def __delitem__(self, k): super().__delitem__(k); _SPECS.clear()
 
+# %% ../nbs/02_streamops.ipynb #b0547a85
 _SPECS: dict[int, tuple] = {}   # id(target) -> (target, its row, _WRAPPER or None): OpOverload's hash is slow
 
 OPS: dict[Any, OpSpec] = _Rows({
@@ -120,6 +122,7 @@ def _overload(t):
 # %% ../nbs/02_streamops.ipynb #8f60f654
 _ARGUMENTS: dict[int, tuple] = {}   # id(target) -> (target, its schema's arguments): `_schema.arguments` builds a list
 
+# %% ../nbs/02_streamops.ipynb #9d12ee4e
 def _arguments(target) -> tuple:
     "`target._schema.arguments` (an `OpOverload`), read once per target."
     hit = _ARGUMENTS.get(id(target))
@@ -128,6 +131,7 @@ def _arguments(target) -> tuple:
     if len(_ARGUMENTS) < 100_000: _ARGUMENTS[id(target)] = (target, args)   # targets live as long as torch's op registry
     return args
 
+# %% ../nbs/02_streamops.ipynb #73d4d03a
 def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
     "The op's arguments in schema order (positional and keyword forms alike), checked where `spec` reads them."
     schema = _arguments(target)
@@ -163,6 +167,7 @@ def _bind(node: Node, target, args: tuple, kwargs: dict, spec: OpSpec) -> tuple:
 # %% ../nbs/02_streamops.ipynb #f291b29e
 _WRAPPER = object()
 
+# %% ../nbs/02_streamops.ipynb #2103cd22
 def _spec_of(target):
     "The `OPS` row of a call target, `_WRAPPER` if it may call a stream op (a packet, a higher-order op), else None."
     hit = _SPECS.get(id(target))
@@ -176,6 +181,7 @@ def _spec_of(target):
     if len(_SPECS) < 100_000: _SPECS[id(target)] = (target, spec)   # targets live as long as torch's op registry
     return spec
 
+# %% ../nbs/02_streamops.ipynb #50d86fca
 def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     """The stream op `node` performs (the wrapped op for a `control_deps` node), or None if it performs none; a
     `StreamOpError` naming the node for a malformed one."""
@@ -197,8 +203,10 @@ def decode(node: Node, gm: GraphModule | None = None) -> StreamOp | None:
     return _stream_op(spec.kind, None if e is None or e >= n else args[e], tuple(args[i] if i < n else None for i in spec.streams),
                       None if t is None or t >= n else args[t], node, target, args, spec.host, call)
 
+# %% ../nbs/02_streamops.ipynb #2270b333
 _FIELDS = tuple(f.name for f in fields(StreamOp))
 
+# %% ../nbs/02_streamops.ipynb #5d9df783
 def _stream_op(*values) -> StreamOp:
     "`StreamOp(*values)`, without the frozen dataclass's `object.__setattr__` per field (one per stream-op node decoded)."
     op = object.__new__(StreamOp)
@@ -220,6 +228,7 @@ def _one_table(gm: GraphModule, ops: dict[Node, StreamOp]) -> None:
             raise StreamOpError(f"node {n.name}: event index {op.event} is also a stream index (node {m.name}); torch keeps "
                                 f"streams and events in one table, so an index names one or the other: use a free index")
 
+# %% ../nbs/02_streamops.ipynb #86e36dac
 def check_stream_ops(gm: GraphModule, *, one_table: bool = False) -> dict[Node, StreamOp]:
     """Decode every node of `gm`, raising on the first malformed stream op (see `decode`: a missing argument, a bad
     index); with `one_table` also on an index used as both an event and a stream (`_one_table`: torch cannot run such
@@ -274,6 +283,7 @@ def _dealloc_synced(gm: GraphModule) -> tuple[Node, str] | None:
     n = next((n for n in gm.graph.nodes if n.target in dealloc and decode(n, gm) is not None), None)
     return None if n is None else (n, f"node {n.name} is a sync_dealloc, which only sync_deallocations inserts")
 
+# %% ../nbs/02_streamops.ipynb #c74a0b00
 RECOGNISE.update(insert_backward_syncs=_synced_reads, sync_deallocations=_dealloc_synced)
 
 # %% ../nbs/02_streamops.ipynb #e9ac4bb0
@@ -333,6 +343,9 @@ class _VectorClocksSteps:
         "True if stream `s` already knows everything event `e`'s last record snapshotted: a wait on `e` would teach it nothing."
         return e in self.events and all(self.clock(s).get(p, 0) >= k for p, k in self.events[e].items())
 
+# %% ../nbs/02_streamops.ipynb #9ce5fec8
+class _VectorClocksApply:
+    "A decoded stream op applied to the clocks (a part of `VectorClocks`)."
     def apply(self, op: StreamOp, ph: Callable) -> bool:
         """What the decoded stream op `op` orders, applied to the clocks (`ph`: a stream index -> the stream): the one
         mapping from a kind to its happens-before effect. False for a wait on an event nothing has recorded (a no-op)."""
@@ -348,7 +361,7 @@ class _VectorClocksSteps:
         return True
 
 # %% ../nbs/02_streamops.ipynb #a0a00018
-class VectorClocks(_VectorClocksSteps):
+class VectorClocks(_VectorClocksSteps, _VectorClocksApply):
     "CSAN's model: per stream a vector clock (stream -> the last kernel number of that stream known complete), events, a host clock."
     def __init__(self):
         self.clocks: dict = {}   # stream -> {stream: seq}
@@ -384,6 +397,7 @@ class VectorClocks(_VectorClocksSteps):
 # %% ../nbs/02_streamops.ipynb #6fe7acbf
 MADE, EVERYWHERE = "made", "everywhere"
 
+# %% ../nbs/02_streamops.ipynb #36dccf42
 def _ready_streams(name: str, v, registry: StreamRegistry) -> tuple | None:
     "One `inputs_ready` value -> the physical streams it names (None: every stream)."
     if v == EVERYWHERE: return None
@@ -393,6 +407,7 @@ def _ready_streams(name: str, v, registry: StreamRegistry) -> tuple | None:
                         f"them or {EVERYWHERE!r}, got {v!r}")
     return tuple(dict.fromkeys(physical_stream(i, registry) for i in vs))
 
+# %% ../nbs/02_streamops.ipynb #83361380
 def input_streams_of(n: Node, reg: StreamRegistry) -> tuple | None:
     """Where placeholder `n` is ready under `"made"` (physical streams, the one that made it first; None: every stream): its
     `meta['ready_on']` if it has one, else the stream it is annotated with, else the current stream."""
@@ -530,6 +545,7 @@ def blocks(m) -> list:
     if isinstance(m, tuple): return [b for x in m for b in blocks(x)]
     return [] if m is None else [m]
 
+# %% ../nbs/02_streamops.ipynb #1e2f2488
 def written_args(n: Node) -> list[Node]:
     "The Node arguments that `n` writes in place: those its schema marks `Tensor(a!)` (e.g. `copy_`'s `self`)."
     return [x for a, nodes in schema_args(n) if a is not None and a.alias_info is not None and a.alias_info.is_write

@@ -32,14 +32,19 @@ __all__ = ['FakeTensor', 'CaptureError', 'TraceError', 'NoGradError', 'Partition
 class CaptureError(StreamnbError):
     "streamnb could not capture, process or run a model; the message says what to do."
 
+# %% ../nbs/16a_tracing.ipynb #25928e9f
 class TraceError(CaptureError):
     "AOTAutograd could not trace the function or module."
 
+# %% ../nbs/16a_tracing.ipynb #2defd088
 class NoGradError(CaptureError):
     "Grads were asked of a program with no gradient (a forward-only capture, `Capture.inference`): it has no backward graph."
 
+# %% ../nbs/16a_tracing.ipynb #d1f2dbc6
 class PartitionError(CaptureError):
     "AOTAutograd's partitioner rejected the processed joint graph."
+
+# %% ../nbs/16a_tracing.ipynb #254daae6
 class AnnotationError(CaptureError, StreamAnnotationError):
     "A stream annotation in the captured graph is not an int."
 
@@ -47,6 +52,7 @@ class AnnotationError(CaptureError, StreamAnnotationError):
 class _Captured(Exception):
     "Raised by our partition_fn once it has the joint graph: nothing is compiled or run."
 
+# %% ../nbs/16a_tracing.ipynb #687caa4f
 def dynamo_tables_saved() -> list:
     "Copies of dynamo's object table (`torch._dynamo.graph_bytecode_inputs`: the streams and events traced code registers)."
     from torch._dynamo import graph_bytecode_inputs as B
@@ -59,6 +65,7 @@ def restore_dynamo_tables(saved: list) -> None:
     for t, old in zip((B.index_to_bytecode_constructor, B.index_to_external_object_weakref, B.keep_alive), saved):
         t.clear(); (t.update if isinstance(t, dict) else t.extend)(old)
 
+# %% ../nbs/16a_tracing.ipynb #ed29a9ed
 @contextlib.contextmanager
 def _dynamo_tables_kept():
     "Dynamo's object table as it was after the block, also on error: a capture leaves no global state changed."
@@ -82,6 +89,7 @@ def _where(n: Node) -> str:
     code = lines[at[-1] + 1].strip() if at and at[-1] + 1 < len(lines) else ""
     return f"line {m[1]} of {m[2]} ({code})" if m else "a call without a stack trace"
 
+# %% ../nbs/16a_tracing.ipynb #e89b0cf7
 def _host_queries(gm: GraphModule) -> list[str]:
     "Where dynamo's graph `gm` asks a stream or event `query()`."
     return [_where(n) for n in gm.graph.nodes if n.op == "call_method" and n.target == "query"]
@@ -148,12 +156,12 @@ def _keep_inference(got: dict, name: str, gm: GraphModule, frontend: str) -> Non
     if name == "assign_epilogue_copy_streams": got["inference"] = copy.deepcopy(gm)
     if name == "populate_fw_metadata_with_stream_indices" and frontend == "aot": raise _Captured
 
+# %% ../nbs/16a_tracing.ipynb #c010da1d
 def _program_streams() -> set[int]:
     """The indices of the stream objects in dynamo's table while it traces: the program's own streams (and dynamo's
     current stream), not the indices of `annotate` regions, which the compiler owns."""
     from torch._dynamo.graph_bytecode_inputs import index_to_external_object_weakref as table
     return {i for i, ref in table.items() if isinstance(ref(), torch.Stream)}
-
 
 # %% ../nbs/16a_tracing.ipynb #f3adff69
 def _trace_joint(flat_fn: Callable, flat_args: list[torch.Tensor], frontend: str = "aot") -> dict:
@@ -205,6 +213,7 @@ def _read_by_forward(gm: GraphModule) -> set:
         seen.add(n); todo += n.all_input_nodes
     return seen
 
+# %% ../nbs/16a_tracing.ipynb #0f4a46b1
 def tag_custom_backward(gm: GraphModule) -> list:
     """Tag the untagged backward nodes of joint graph `gm` (a custom `autograd.Function`'s backward under dynamo):
     `must_be_in_backward` for stream ops, `is_backward` for the rest; in place; the nodes tagged, in graph order."""
@@ -229,6 +238,7 @@ def on_device(gm: GraphModule, device: str = "meta") -> GraphModule:
         if "val" in n.meta: n.meta["val"] = pytree.tree_map(move, n.meta["val"])
     return gm
 
+# %% ../nbs/16a_tracing.ipynb #e34777b1
 def graph_streams(gm: GraphModule) -> set[int]:
     "The stream indices annotated on `gm`'s nodes."
     check_graph_module(gm)
