@@ -10,13 +10,14 @@ from typing import Callable
 import torch
 from torch.fx import GraphModule
 
+# %% auto #0
+__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo', 'graph_replay_ms', 'replay_makespan']
+
+# %% ../nbs/19a_cuda_demos.ipynb #eeee50cc
 from .graph import StreamRegistry, StreamnbError, check_graph_module, use_registry
 from .examples import matmul_chains, missing_wait_graph, side_stream_last_use
 from .pipeline import run_stream_passes
 from .cuda import measure, run
-
-# %% auto #0
-__all__ = ['processed', 'overlap_demo', 'race_demo', 'memory_demo', 'graph_replay_ms', 'replay_makespan']
 
 # %% ../nbs/19a_cuda_demos.ipynb #7bcc71ad
 def processed(make: Callable[[], GraphModule], *, upstream: bool = False, mechanism: str = "sync_dealloc",
