@@ -16,6 +16,10 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
+# %% auto #0
+__all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignment', 'assign_table', 'parser', 'main']
+
+# %% ../nbs/23_cli.ipynb #e2dfe50e
 from .cost import DEVICE_SPECS
 from .graph import StreamnbError
 from .trace import write_chrome_trace
@@ -25,9 +29,6 @@ from .choosing import format_table, judge
 from .examples import transformer_block_example
 from .explainer import explain
 from .plot import plot_timeline
-
-# %% auto #0
-__all__ = ['write_explanation', 'FactoryError', 'load_factory', 'write_assignment', 'assign_table', 'parser', 'main']
 
 # %% ../nbs/23_cli.ipynb #ea7301c7
 def write_explanation(ex, out: Path) -> list[Path]:
@@ -131,6 +132,7 @@ def write_assignment(rows: list, timelines: dict, out: Path) -> list[Path]:
     fig.savefig(out / "timelines.png", dpi=110); plt.close(fig)
     return sorted([out / "table.txt", out / "timelines.png", *traces])
 
+# %% ../nbs/23_cli.ipynb #a2a9868f
 def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, device: str = "H100",
                  frontend: str = "auto") -> tuple[list, dict]:
     """Capture `model(*inputs)` and judge the four assignments of its backward (chapter 21; a program with no gradient:

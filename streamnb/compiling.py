@@ -48,19 +48,23 @@ __all__ = ['CALL_SITES', 'TORCH_CALLS', 'CHECKS', 'UnsupportedTorchError', 'chec
 class UnsupportedTorchError(StreamnbError):
     "This torch's AOTAutograd does not call the stream passes where and as torch 2.13 does: `use_streamnb_passes` refuses."
 
+# %% ../nbs/20_compile.ipynb #7aa770f8
 CALL_SITES = "torch._functorch._aot_autograd.graph_capture"
 _FORWARD_ONLY = ("assign_epilogue_copy_streams", "wrap_all_sync_nodes_with_control_deps",
                  "populate_fw_metadata_with_stream_indices")   # the passes a graph without backward gets
 
+# %% ../nbs/20_compile.ipynb #b28d64cf
 def _calls(graph: str, names) -> tuple[str, ...]:
     "The calls of those `STREAM_PASSES` in `names`, in the table's order, on graph_capture's variable `graph`."
     extra = lambda n: ", fw_metadata" if n == "populate_fw_metadata_with_stream_indices" else ""
     return tuple(f"{n}({graph}{extra(n)})" for n in STREAM_PASSES if n in names)
 
+# %% ../nbs/20_compile.ipynb #68a496a3
 # function of graph_capture -> the stream-pass calls it makes, in this order (torch 2.13)
 TORCH_CALLS = {"aot_dispatch_base_graph": _calls("fw_module", _FORWARD_ONLY),
                "aot_dispatch_autograd_graph": _calls("fx_g", STREAM_PASSES)}
 
+# %% ../nbs/20_compile.ipynb #c575de3f
 def check_call_sites(module=None):
     "AOTAutograd's `graph_capture` module (or `module`) if it calls the six passes as torch 2.13 does; else `UnsupportedTorchError`."
     where = f"torch {torch.__version__}"
@@ -83,6 +87,7 @@ def _dynamo_streams():
     import torch._dynamo.variables.streams as S
     return S
 
+# %% ../nbs/20_compile.ipynb #8ae3fd9d
 def dynamo_new_event() -> int:
     "A new event in dynamo's registry (`torch._dynamo.variables.streams.new_event`); its index."
     return _dynamo_streams().new_event()
@@ -149,6 +154,7 @@ def _registered_stream(index: int) -> bool:
     ref = table.get(index)
     return ref is not None and isinstance(ref(), torch.Stream)
 
+# %% ../nbs/20_compile.ipynb #cbcf11f0
 def renumber_streams(gm: GraphModule, mapping: dict[int, int]) -> GraphModule:
     "Annotate each node of `gm` on stream `i` in `mapping` with `mapping[i]` instead (each gets its own `custom` dict)."
     check_graph_module(gm)
@@ -156,6 +162,7 @@ def renumber_streams(gm: GraphModule, mapping: dict[int, int]) -> GraphModule:
         if (s := get_stream(n)) in mapping: n.meta["custom"] = {**n.meta["custom"], "stream": mapping[s]}
     return gm
 
+# %% ../nbs/20_compile.ipynb #711a46db
 def register_annotated_streams(gm: GraphModule) -> dict[int, int]:
     """Give each stream index annotated in `gm` that is not a stream in dynamo's table one dynamo creates, and renumber
     the nodes; returns old -> new index."""
@@ -171,6 +178,7 @@ def _to(v, device: torch.device):
         with v.fake_mode: return v.to(device)
     return v
 
+# %% ../nbs/20_compile.ipynb #4ce36118
 @contextlib.contextmanager
 def values_on(gm: GraphModule, device: str | None, memo: dict | None = None):
     """Inside the block `gm`'s CPU fake values are on `device` (None: unchanged); afterwards on the CPU again, new nodes'
@@ -199,6 +207,7 @@ def values_on(gm: GraphModule, device: str | None, memo: dict | None = None):
 class CPUValuesWarning(UserWarning):
     "The switch was handed a graph with streams whose values are CPU tensors, without `cpu_as`: the passes leave them alone."
 
+# %% ../nbs/20_compile.ipynb #62aa28d7
 def _syncable_cpu_values(gm: GraphModule) -> bool:
     "No accelerator, some node on a stream (an annotation or a stream op) and some CPU fake value: what the passes skip."
     if torch.accelerator.is_available(): return False
@@ -310,12 +319,15 @@ def judging_registry(registry: StreamRegistry | None, gms: list[GraphModule]) ->
 # %% ../nbs/20_compile.ipynb #de39d33e
 CHECKS = ("warn", "raise", "off")
 
+# %% ../nbs/20_compile.ipynb #32e7fcad
 class StreamRaceWarning(UserWarning):
     "A graph processed under `use_streamnb_passes` still races: a sync the program left out, on a stream it owns."
 
+# %% ../nbs/20_compile.ipynb #d3485470
 class CompiledRaceError(StreamnbError, RuntimeError):
     "`use_streamnb_passes(check=\"raise\")`: a processed graph races; the message is the sanitizer's report."
 
+# %% ../nbs/20_compile.ipynb #2fde8d6c
 def _as_partitioned(gm: GraphModule, report: Report) -> list:
     """`report`'s errors as the partitioned graphs have them (`explain_compiled` judges those): a value the forward saves
     is an input of the backward, which autograd frees after the backward, not at its last use inside the joint graph."""
@@ -323,6 +335,7 @@ def _as_partitioned(gm: GraphModule, report: Report) -> list:
     bwd = {n.name for n in gm.graph.nodes if is_bwd_node(n)}
     return [e for e in report.errors if not (e.kind == "unsafe_reuse" and e.tensor in fwd and bwd & set(e.nodes))]
 
+# %% ../nbs/20_compile.ipynb #266b983e
 class _use_streamnb_passesJudge:
     "The switch's judge: each processed graph sanitized as it is compiled (a part of `use_streamnb_passes`)."
     def _judge(self, gm: GraphModule, k: int) -> None:
@@ -379,16 +392,19 @@ class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, 
 class CompileFailure(StreamnbError, RuntimeError):
     "`torch.compile` failed under `use_streamnb_passes`; the message says why, from the graphs the passes processed."
 
+# %% ../nbs/20_compile.ipynb #d6e472eb
 def _innermost(e: BaseException) -> BaseException:
     "The innermost error under `e` (dynamo's `BackendCompilerFailed` keeps it in `inner_exception`)."
     while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None: e = inner
     return e
 
+# %% ../nbs/20_compile.ipynb #f931afd0
 def _root(e: BaseException) -> str:
     "`_innermost(e)` as `Type: message`."
     e = _innermost(e)
     return f"{type(e).__name__}: {str(e).strip()}"
 
+# %% ../nbs/20_compile.ipynb #436acfec
 def _causes(gm: GraphModule) -> list[tuple[Node, str]]:
     "Each defect of the seed's that AOTAutograd rejects, found in `gm`: (the node named, the explanation)."
     out = []

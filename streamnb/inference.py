@@ -12,15 +12,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# %% auto #0
+__all__ = ['PROGRAMS', 'CommOverlap', 'LayerPrefetch', 'TwoRequests', 'KVSide', 'InferenceProgram', 'build_inference',
+           'compile_inference']
+
+# %% ../nbs/20b_inference.ipynb #62b27c0e
 from .cpustreams import cpu_streams
 from .capturing import eager
 from .compiling import executor_backend, use_streamnb_passes
 from .explainer import explain
 from .patterns import TwoStyles
-
-# %% auto #0
-__all__ = ['PROGRAMS', 'CommOverlap', 'LayerPrefetch', 'TwoRequests', 'KVSide', 'InferenceProgram', 'build_inference',
-           'compile_inference']
 
 # %% ../nbs/20b_inference.ipynb #c7f9c7d7
 class CommOverlap(TwoStyles):
@@ -95,6 +96,7 @@ class InferenceProgram:
     source: str
     inputs: Callable[[], tuple]
 
+# %% ../nbs/20b_inference.ipynb #82150df3
 PROGRAMS = {p.name: p for p in [
     InferenceProgram("comm_overlap", CommOverlap, "Megatron-LM, vLLM (tensor parallel)", lambda: (torch.randn(6, 16),)),
     InferenceProgram("layer_prefetch", LayerPrefetch, "DeepSpeed ZeRO-Inference, accelerate", lambda: (torch.randn(6, 16),)),
@@ -102,6 +104,7 @@ PROGRAMS = {p.name: p for p in [
     InferenceProgram("kv_side", KVSide, "KV-cache decoding", lambda: (torch.randn(1, 16), torch.randn(7, 16), torch.randn(7, 16))),
 ]}
 
+# %% ../nbs/20b_inference.ipynb #584fbdc2
 def build_inference(name: str, style: str, seed: int = 0) -> tuple[nn.Module, tuple]:
     """The inference program `name` written in `style` ('annotate' or 'objects'), in eval mode with no parameter
     requiring grad (as a served model is), and its example inputs."""

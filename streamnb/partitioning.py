@@ -14,14 +14,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
+# %% auto #0
+__all__ = ['PARTITIONERS', 'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause']
+
+# %% ../nbs/16b_partition.ipynb #3bde94ff
 from .graph import check_graph_module, is_bwd_node, is_control_deps
 from .streamops import decode, mark_forward_ready
 from .tracing import CaptureError, PartitionError
 from .torchprivate import need
 
-
-# %% auto #0
-__all__ = ['PARTITIONERS', 'forward_deps_of_backward_syncs', 'add_control_deps_vals', 'partition', 'partition_cause']
 
 # %% ../nbs/16b_partition.ipynb #0e98adda
 def _in_backward(ctrl: Node, gm: GraphModule) -> bool:
@@ -63,6 +64,7 @@ def add_control_deps_vals(gm: GraphModule) -> GraphModule:
         n.meta["val"] = vals if len(vals) > 1 else vals[0]
     return gm
 
+# %% ../nbs/16b_partition.ipynb #29ae2342
 PARTITIONERS = ("default", "min_cut")
 
 # %% ../nbs/16b_partition.ipynb #fb9979f4

@@ -13,19 +13,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# %% auto #0
+__all__ = ['STYLES', 'PATTERNS', 'TwoStyles', 'MoESharedExpert', 'ParallelBlock', 'DualNorm', 'BatchPrefetch', 'WeightPrefetch',
+           'ActivationCopy', 'AsyncGradReduce', 'Pattern', 'build', 'explain_pattern', 'compile_pattern']
+
+# %% ../nbs/20a_patterns.ipynb #36dd33ac
 from .cpustreams import cpu_streams
 from .compiling import executor_backend, use_streamnb_passes
 from .examples import on_stream
 from .explainer import explain
 from .sanitizer import sanitize
 
-# %% auto #0
-__all__ = ['STYLES', 'PATTERNS', 'TwoStyles', 'MoESharedExpert', 'ParallelBlock', 'DualNorm', 'BatchPrefetch', 'WeightPrefetch',
-           'ActivationCopy', 'AsyncGradReduce', 'Pattern', 'build', 'explain_pattern', 'compile_pattern']
-
 # %% ../nbs/20a_patterns.ipynb #6c90f1a5
 STYLES = ("annotate", "objects")
 
+# %% ../nbs/20a_patterns.ipynb #de62d49b
 class TwoStyles(nn.Module):
     "A model written once for both styles: `on(i)` a region on side stream `i`; `fork`, `join`, `event`, `handover` the syncs."
     def __init__(self, style: str, sides: int = 1):
@@ -191,6 +193,7 @@ class Pattern:
     source: str
     inputs: Callable[[], tuple]
 
+# %% ../nbs/20a_patterns.ipynb #a7c612f0
 _x = lambda: (torch.randn(6, 16, requires_grad=True),)
 PATTERNS = {p.name: p for p in [
     Pattern("moe_shared_expert", MoESharedExpert, "SGLang, vLLM", _x),
@@ -202,6 +205,7 @@ PATTERNS = {p.name: p for p in [
     Pattern("async_grad_reduce", AsyncGradReduce, "Megatron-LM", _x),
 ]}
 
+# %% ../nbs/20a_patterns.ipynb #5febc5f3
 def build(name: str, style: str, seed: int = 0) -> tuple[nn.Module, tuple]:
     "The pattern `name` written in `style` ('annotate' or 'objects'), and its example inputs."
     if name not in PATTERNS: raise KeyError(f"no pattern {name!r}; there are {sorted(PATTERNS)}")

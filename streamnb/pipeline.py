@@ -9,6 +9,10 @@ from typing import Any, Callable, Collection, Mapping
 
 from torch.fx import GraphModule
 
+# %% auto #0
+__all__ = ['STREAM_PASSES', 'run_pass', 'sync_forward', 'run_stream_passes']
+
+# %% ../nbs/15_pipeline.ipynb #0a71674a
 from .graph import PIPELINE_ORDER, StreamnbError, check_graph_module, is_bwd_node, transaction, validate
 from .assign import assign_backward_streams, assign_epilogue_copy_streams
 from .control_deps import wrap_all_sync_nodes_with_control_deps
@@ -17,9 +21,6 @@ from .dealloc import sync_deallocations
 from .fastfx import paused_gc
 from .metadata import populate_fw_metadata_with_stream_indices
 from .syncs import insert_backward_syncs
-
-# %% auto #0
-__all__ = ['STREAM_PASSES', 'run_pass', 'sync_forward', 'run_stream_passes']
 
 # %% ../nbs/15_pipeline.ipynb #e00a7882
 _BY_NAME = {p.__name__: p for p in (assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs,
