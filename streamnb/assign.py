@@ -383,10 +383,12 @@ def _refuse_spanning(gm: GraphModule, copy: Node) -> None:
 
 # %% ../nbs/10_backward_streams.ipynb #27ff4845
 @correction(19, "10_backward_streams", "compiles an input mutation whose write-back a stream barrier inside the graph "
-            "was meant to cover but cannot (written back by the runtime wrapper after the call, or an in-graph "
-            "write-back that cannot move above the barrier): the caller may see the input's old value (PyTorch #197416)",
+            "was meant to cover but cannot (written back by the runtime wrapper after the call while a barrier orders "
+            "another stream, the host or an event left to the caller after the new value; or an in-graph write-back "
+            "that cannot move above the barrier): the caller may see the input's old value (PyTorch #197416)",
             "such a graph is refused with `UnorderableWriteBackError` saying what to move, as newer PyTorch refuses it "
-            "(`UnsupportedMutationAliasingException`); decided from AOTAutograd's metadata, in the metadata pass")
+            "(`UnsupportedMutationAliasingException`); a join of the current stream orders the write-back after the "
+            "call and is accepted (BatchNorm's statistics on a side stream); decided from AOTAutograd's metadata")
 def check_write_backs(gm: GraphModule, fw_metadata: Any) -> None:
     """Refuse (`UnorderableWriteBackError`, naming the barrier or the copy) an input data mutation whose write-back no
     order of `gm`'s forward stream barriers can honour. `fw_metadata`: AOTAutograd's `ViewAndMutationMeta`; without
