@@ -446,3 +446,32 @@ def test_correction_19_a_join_by_another_stream_is_still_refused(grad):
     assert "(wait_stream_default)" in msg and "orders stream" in msg and "Move the barrier after the compiled function call" in msg
     with pytest.raises(Exception, match="orders stream .* after"):
         compile_run(BNJoinedElsewhere, grad)
+
+
+@pytest.mark.parametrize("make, freed", [(lambda: BNForkJoin("objects", keep=True), []), (RunningAverage, ["add"]),
+                                         (BNJoinedElsewhere, ["mul", "relu"])], ids=["bn", "running_average", "joined_elsewhere"])
+def test_in_graph_write_backs_move_above_the_join(make, freed):
+    """An inference graph that keeps its input mutations (as Inductor asks): the write-back `copy_` is in the graph, and
+    correction 13 moves it above the first join of its stream, so any join covers it, another stream's too: accepted,
+    eager's values, the sanitizer clean."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from streamnb.cpustreams import run_graph
+    torch._dynamo.reset()
+    m, graphs = fork_join(make), {"forward": []}
+    def run(gm, _):
+        graphs["forward"].append(gm)
+        return make_boxed_func(lambda *a: run_graph(gm, *a))
+    with cpu_streams(), torch.no_grad(), use_streamnb_passes(cpu_as="meta") as sw:
+        out = torch.compile(m, backend=aot_autograd(fw_compiler=run, keep_inference_input_mutations=True))(x68(False))
+    want, want_bufs = eager_run(make, False)
+    torch.testing.assert_close((out, dict(m.named_buffers())), (want, want_bufs))
+    (gm,) = graphs["forward"]
+    copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+    assert copies
+    errors = sw.explain(graphs).reports["forward 0"].errors
+    assert [e for e in errors if e.kind != "unsafe_reuse"] == []   # no race, no unjoined write-back
+    # Left: frees of temporaries made on one stream and read on another (`RunningAverage`'s new value `add`, read on the
+    # current stream; `BNJoinedElsewhere`'s `relu` and `mul`, as its eager run frees them too): such a graph gets no
+    # `sync_dealloc` (the same before issue 45's change), none is a write-back's.
+    assert sorted(e.tensor for e in errors) == freed, [e.message for e in errors]
