@@ -2,7 +2,10 @@
 step, BatchNorm's running statistics in training, an exponential moving average of the weights; each in `annotate`
 style and with stream objects, with and without a gradient. AOTAutograd's forward returns the new values and its
 epilogue copies them back on the current stream after the graph: capture keeps them (`Capture.write_backs`), explain
-and the switch judge the write-back's stream ordering, and correction 31 joins a side stream that made one.
+and the switch judge the write-back's stream ordering, and correction 31 joins a side stream that made one. A program
+that joins the side stream to the current stream itself (BatchNorm on a side stream with a fork and a join) orders the
+write-back, which follows on the current stream: accepted (correction 19 refuses only a barrier that orders another
+stream, the host or an event left to the caller after the update).
 
 Side-stream reads of inputs are preceded by a wait (stream objects) so that the verdicts hold under either input rule;
 an `annotate` region cannot wait, so its entry races (a side stream reading a graph input) are left out of the checks
