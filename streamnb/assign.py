@@ -66,6 +66,14 @@ def _origin(n: Node) -> Node:
         n = n.args[0].args[1 + n.args[1]]   # control_deps(deps, subgraph, *passthrough)[i] is passthrough[i - 1]
     return n
 
+# %% ../nbs/10_backward_streams.ipynb #4ff4f7a8
+def _maker(n: Node) -> Node:
+    "The node whose kernel makes `n`: through the getitems of a multi-output op (BatchNorm's tuple) and of chapter 13's wrappers."
+    n = _origin(n)
+    while n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], Node): n = _origin(n.args[0])
+    return n
+
+
 # %% ../nbs/10_backward_streams.ipynb #c5b6149a
 WRITE_BACKS = "streamnb_write_backs"   # gm.meta: the positions of the outputs AOTAutograd's epilogue copies into inputs
 PROGRAM_EVENTS = "streamnb_program_events"   # gm.meta: the events of the program's own syncs, before any pass
@@ -205,7 +213,7 @@ def _write_back_makers(gm: GraphModule) -> list[Node]:
 
 # %% ../nbs/10_backward_streams.ipynb #1444f263
 def _known_to_current(gm: GraphModule, made: list[Node], end: Node) -> set[Node]:
-    "The nodes of `made` that the current stream already waits for before `end` (program order)."
+    "The nodes of `made` that the current stream already waits for before `end` (program order; a getitem: its maker)."
     reg, vc, seq = get_registry(), VectorClocks(), {}
     ph = lambda i: "current" if reg.is_current_stream(i) else i
     for n in gm.graph.nodes:
@@ -213,7 +221,7 @@ def _known_to_current(gm: GraphModule, made: list[Node], end: Node) -> set[Node]
         if (op := decode(n, gm)) is not None: vc.apply(op, ph)
         elif n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n):
             seq[n] = vc.launch(ph(get_stream(n)))
-    return {w for w in made if w in seq and vc.known(ph(get_stream(w)), seq[w], "current")}
+    return {w for w in made if (m := _maker(w)) in seq and vc.known(ph(get_stream(m)), seq[m], "current")}
 
 # %% ../nbs/10_backward_streams.ipynb #f9f0febd
 def join_write_backs(gm: GraphModule) -> list[Node]:
@@ -309,20 +317,47 @@ def _sync_name(gm: GraphModule, n: Node) -> str:
     "`n`'s name, with the sync it wraps if it is a `control_deps` node (chapter 13)."
     return f"{n.name} ({decode(n, gm).call})" if is_control_deps(n) else n.name
 
+# %% ../nbs/10_backward_streams.ipynb #c3009a9f
+def _escape(gm: GraphModule, new: Node, skip: frozenset) -> tuple[Node, str] | None:
+    """The first forward sync of the program's (events in `skip` are the passes') that orders anything but the current
+    stream after `new`: another stream, the host, or an event the forward never waits for on the current stream (the
+    caller may wait for it after the call); with what it orders. None if only the current stream learns of `new`."""
+    reg, vc, made, k = get_registry(), VectorClocks(), _maker(new), None
+    ph = lambda i: "current" if reg.is_current_stream(i) else i
+    waited = {op.event for n in gm.graph.nodes if not is_bwd_node(n) and (op := decode(n, gm)) is not None
+              and op.kind == "wait_event" and reg.is_current_stream(op.stream)}
+    for n in gm.graph.nodes:
+        if (op := decode(n, gm)) is None:
+            if n.op == "call_function" and n.target is not operator.getitem and not is_control_deps(n):
+                seq = vc.launch(ph(get_stream(n)))
+                if n is made: s, k = ph(get_stream(n)), seq
+            continue
+        if op.event in skip or is_bwd_node(n) or not vc.apply(op, ph) or k is None: continue
+        if vc.host.get(s, 0) >= k: return n, "the host"
+        if op.kind == "record_event" and vc.events[op.event].get(s, 0) >= k and op.event not in waited:
+            return n, f"whoever waits for event {op.event} after the call (the forward never waits for it)"
+        if (x := next((x for x, c in vc.clocks.items() if x not in (s, "current") and c.get(s, 0) >= k), None)):
+            return n, f"stream {x}'s work"
+    return None
+
+
 # %% ../nbs/10_backward_streams.ipynb #24035944
 def _refuse_out_of_graph(gm: GraphModule, i: int, new: Node) -> None:
-    """Refuse input `i`'s write-back by the runtime wrapper if a forward barrier of the program's after its new value `new`
-    joins its stream (not one the passes inserted, when `gm.meta[PROGRAM_EVENTS]` says which events are the program's:
-    correction 24's forward syncs and 31's joins order the copy after the graph, and no program relies on them)."""
-    program = gm.meta.get(PROGRAM_EVENTS)   # (when known) the passes' own syncs are no barrier the program wrote
+    """Refuse input `i`'s write-back by the runtime wrapper (on the current stream, after the graph) if a forward barrier
+    of the program's orders anything but the current stream after its new value `new` (`_escape`): that one cannot be
+    ordered after the write-back. A join of the current stream is no reason: the write-back follows it. The passes'
+    own syncs (events not in `gm.meta[PROGRAM_EVENTS]`, when known: correction 24's and 31's) are no program barrier."""
+    program = gm.meta.get(PROGRAM_EVENTS)
     skip = frozenset() if program is None else frozenset(events_of(gm) - set(program))
-    cap = _first_capture(gm, {new}, get_stream(new), records=True, skip=skip)
-    if cap is None or is_bwd_node(cap) or _on_cpu(new): return
+    if _on_cpu(new) or (found := _escape(gm, new, skip)) is None: return
+    cap, what = found
     raise UnorderableWriteBackError(
         f"node {_sync_name(gm, cap)}: input {i} is mutated (its new value {new.name}, on stream {get_stream(new)}) and written "
-        f"back outside the graph, after the compiled function returns: the write-back cannot be ordered before this "
-        f"stream barrier inside the compiled region, which orders that stream's work after {new.name}. Move the "
-        "barrier after the compiled function call (or the mutation after the barrier)")
+        f"back outside the graph, on the current stream after the compiled function returns, but this stream barrier "
+        f"inside the compiled region orders {what} after {new.name}, and nothing orders that after the write-back. "
+        "Move the barrier after the compiled function call (or the mutation after the barrier), or join the mutation's "
+        "stream to the current stream only (`torch.cuda.current_stream().wait_stream(s)`)")
+
 
 # %% ../nbs/10_backward_streams.ipynb #a17671f3
 def _refuse_spanning(gm: GraphModule, copy: Node) -> None:
@@ -348,10 +383,12 @@ def _refuse_spanning(gm: GraphModule, copy: Node) -> None:
 
 # %% ../nbs/10_backward_streams.ipynb #27ff4845
 @correction(19, "10_backward_streams", "compiles an input mutation whose write-back a stream barrier inside the graph "
-            "was meant to cover but cannot (written back by the runtime wrapper after the call, or an in-graph "
-            "write-back that cannot move above the barrier): the caller may see the input's old value (PyTorch #197416)",
+            "was meant to cover but cannot (written back by the runtime wrapper after the call while a barrier orders "
+            "another stream, the host or an event left to the caller after the new value; or an in-graph write-back "
+            "that cannot move above the barrier): the caller may see the input's old value (PyTorch #197416)",
             "such a graph is refused with `UnorderableWriteBackError` saying what to move, as newer PyTorch refuses it "
-            "(`UnsupportedMutationAliasingException`); decided from AOTAutograd's metadata, in the metadata pass")
+            "(`UnsupportedMutationAliasingException`); a join of the current stream orders the write-back after the "
+            "call and is accepted (BatchNorm's statistics on a side stream); decided from AOTAutograd's metadata")
 def check_write_backs(gm: GraphModule, fw_metadata: Any) -> None:
     """Refuse (`UnorderableWriteBackError`, naming the barrier or the copy) an input data mutation whose write-back no
     order of `gm`'s forward stream barriers can honour. `fw_metadata`: AOTAutograd's `ViewAndMutationMeta`; without

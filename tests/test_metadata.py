@@ -151,7 +151,8 @@ def new_value_then(sync: str, device="meta", sync_tag="is_forward"):
     b = GraphBuilder(device=device)
     x = b.input("primals_1", tag="is_forward")
     new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    if sync == "wait_stream": b.sync(streams.wait_stream.default, 0, 1, tag=sync_tag)
+    if sync == "wait_stream": b.sync(streams.wait_stream.default, 0, 1, tag=sync_tag)   # the current stream joins
+    elif sync == "wait_stream_side": b.sync(streams.wait_stream.default, 2, 1, tag=sync_tag)   # stream 2 joins
     elif sync == "record_event": b.sync(streams.record_event.default, 5, 1, tag=sync_tag)
     elif sync == "synchronize_device": b.sync(streams.synchronize_device.default, "cuda", 0, tag=sync_tag)
     elif sync == "wait_stream_other": b.sync(streams.wait_stream.default, 0, 2, tag=sync_tag)   # joins stream 2 only
@@ -159,16 +160,21 @@ def new_value_then(sync: str, device="meta", sync_tag="is_forward"):
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_SILENT])
-@pytest.mark.parametrize("sync", ["wait_stream", "record_event", "synchronize_device"])
+@pytest.mark.parametrize("sync", ["wait_stream_side", "record_event", "synchronize_device"])
 def test_correction_19_out_of_graph_write_back_before_a_barrier_is_refused(sync, upstream):
+    "A barrier that orders another stream, an event nobody in the graph waits for, or the host after the new value."
     with pytest.raises(UnorderableWriteBackError, match="Move the barrier after the compiled function call") as e:
         populate_fw_metadata_with_stream_indices(new_value_then(sync), mutation_meta(outside=True), upstream=upstream)
-    assert e.value.args[0].startswith(f"node {sync}_default: input 0 is mutated")
+    assert e.value.args[0].startswith(f"node {sync.removesuffix('_side')}_default: input 0 is mutated")
+    what = {"wait_stream_side": "stream 2's work", "record_event": "event 5", "synchronize_device": "the host"}[sync]
+    assert f"orders {what}" in e.value.args[0] or f"waits for {what}" in e.value.args[0]
 
 
 def test_correction_19_only_where_the_graph_and_metadata_decide_it():
-    "No barrier of the value's stream, a backward barrier, CPU values, no mutated data, or no metadata: no refusal."
+    """No barrier of the value's stream, a join of the current stream (where the write-back runs, after it), a backward
+    barrier, CPU values, no mutated data, or no metadata: no refusal."""
     cases = [(new_value_then("wait_stream_other"), mutation_meta(True)),
+             (new_value_then("wait_stream"), mutation_meta(True)),   # the current stream joins: the write-back follows
              (new_value_then("wait_stream", sync_tag="is_backward"), mutation_meta(True)),
              (new_value_then("wait_stream", device="cpu"), mutation_meta(True)),
              (new_value_then("wait_stream"), mutation_meta(True, mutates=(False,))),
@@ -180,7 +186,7 @@ def test_correction_19_only_where_the_graph_and_metadata_decide_it():
 
 def test_correction_19_reads_a_wrapped_graph():
     "After the whole pipeline (the join wrapped in `control_deps`), the refusal names the wrapper and the sync in it."
-    gm, meta = new_value_then("wait_stream"), mutation_meta(outside=True)
+    gm, meta = new_value_then("wait_stream_side"), mutation_meta(outside=True)
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         with pytest.raises(UnorderableWriteBackError, match=r"node control_deps \(wait_stream_default\)"):
             run_stream_passes(gm, fw_metadata=meta, passes=("wrap_all_sync_nodes_with_control_deps",))
