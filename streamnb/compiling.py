@@ -253,8 +253,8 @@ class _use_streamnb_passesPart1:
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
             if self.renumbered[k]: self._sync_owned_forward(gm, k)
         with use_registry(self.registries[k]), values_on(gm, self.cpu_as, self._memos[k]):
-            if name == PIPELINE_ORDER[-1] and not self.upstream and not any(is_bwd_node(n) for n in gm.graph.nodes):
-                self._protect_inference_frees(gm)
+            if name == PIPELINE_ORDER[-1] and not self.upstream and "sync_deallocations" not in gm.meta.get("streamnb_passes", ()):
+                self._protect_inference_frees(gm)   # an inference graph: AOTAutograd ran no dealloc pass on it (25)
             run_pass(gm, name, *args, upstream=self.upstream, mechanism=self.mechanism, device=self.device)
         if name == "wrap_all_sync_nodes_with_control_deps" and not self.upstream:
             add_control_deps_vals(gm)                 # the partitioner needs them (PR #192538; torch 2.13 sets none)
@@ -385,8 +385,14 @@ class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, 
                 "nothing protecting it, where a training graph's forward gets a `sync_dealloc` (correction 22)",
                 "the switch runs `sync_deallocations` on an inference graph before wrapping it")
     def _protect_inference_frees(self, gm: GraphModule) -> None:
-        "The dealloc pass on an inference graph (no backward node), which AOTAutograd does not call there."
-        run_pass(gm, "sync_deallocations", upstream=False, mechanism=self.mechanism, device=self.device)
+        """The dealloc pass on an inference graph, which AOTAutograd does not call there: a graph the dealloc pass has not
+        seen when the wrap comes. AOTAutograd tags an in-graph write-back `copy_` `must_be_in_backward` even here
+        (correction 18), where nothing is partitioned: for the pass it is the forward's own use, not a saved value's."""
+        tags = {n: n.meta.pop("partitioner_tag") for n in gm.graph.nodes if is_bwd_node(n) and n.target is torch.ops.aten.copy_.default}
+        try: run_pass(gm, "sync_deallocations", upstream=False, mechanism=self.mechanism, device=self.device)
+        finally:
+            for n, tag in tags.items(): n.meta["partitioner_tag"] = tag
+
 
 # %% ../nbs/20_compile.ipynb #c168df99
 class CompileFailure(StreamnbError, RuntimeError):

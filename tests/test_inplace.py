@@ -451,9 +451,9 @@ def test_correction_19_a_join_by_another_stream_is_still_refused(grad):
         compile_run(BNJoinedElsewhere, grad)
 
 
-@pytest.mark.parametrize("make, freed", [(lambda: BNForkJoin("objects", keep=True), []), (RunningAverage, ["add"]),
-                                         (BNJoinedElsewhere, ["mul", "relu"])], ids=["bn", "running_average", "joined_elsewhere"])
-def test_in_graph_write_backs_move_above_the_join(make, freed):
+@pytest.mark.parametrize("make", [lambda: BNForkJoin("objects", keep=True), RunningAverage, BNJoinedElsewhere],
+                         ids=["bn", "running_average", "joined_elsewhere"])
+def test_in_graph_write_backs_move_above_the_join(make):
     """An inference graph that keeps its input mutations (as Inductor asks): the write-back `copy_` is in the graph, and
     correction 13 moves it above the first join of its stream, so any join covers it, another stream's too: accepted,
     eager's values, the sanitizer clean."""
@@ -473,8 +473,7 @@ def test_in_graph_write_backs_move_above_the_join(make, freed):
     copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
     assert copies
     errors = sw.explain(graphs).reports["forward 0"].errors
-    assert [e for e in errors if e.kind != "unsafe_reuse"] == []   # no race, no unjoined write-back
-    # Left: frees of temporaries made on one stream and read on another (`RunningAverage`'s new value `add`, read on the
-    # current stream; `BNJoinedElsewhere`'s `relu` and `mul`, as its eager run frees them too): such a graph gets no
-    # `sync_dealloc` (the same before issue 45's change), none is a write-back's.
-    assert sorted(e.tensor for e in errors) == freed, [e.message for e in errors]
+    # no race, no unjoined write-back, and no free left unprotected: a temporary made on the side stream and read on the
+    # current one (`RunningAverage`'s new value `add`, which eager never allocates: it updates the buffer in place) gets
+    # its `sync_dealloc` (correction 25: the write-back copy is the forward's own use in an inference graph)
+    assert errors == [], [e.message for e in errors]
