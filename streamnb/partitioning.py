@@ -48,7 +48,8 @@ def _saved_through(ctrl: Node, a: Node) -> bool:
     "Does backward sync `ctrl` pass the tensor `a` through, with no getitem of it tagged `is_forward`?"
     if a not in ctrl.args[2:] or not isinstance(a.meta.get("val"), torch.Tensor): return False
     i = ctrl.args.index(a, 2) - 1
-    return all(g.meta.get("partitioner_tag") != "is_forward" for g in ctrl.users if g.args[1:] == (i,))
+    gs = [g for g in ctrl.users if g.args[1:] == (i,)]   # none: passed through to no reader, a dep all the same
+    return bool(gs) and all(g.meta.get("partitioner_tag") != "is_forward" for g in gs)
 
 # %% ../nbs/16b_partition.ipynb #45a81986
 def add_control_deps_vals(gm: GraphModule) -> GraphModule:
