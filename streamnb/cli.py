@@ -86,7 +86,7 @@ def load_factory(target: str) -> tuple:
 
 # %% ../nbs/23_cli.ipynb #6cc67bb5
 def _import_file(path: str):
-    "The module of the Python file at `path`, imported under `cpu_streams` and registered by name; a `FactoryError` otherwise."
+    "The file at `path` imported as a module (under `cpu_streams`, registered by name); a `FactoryError` otherwise."
     file = Path(path)
     if not file.is_file(): raise FactoryError(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location(f"streamnb_user_{file.stem}", file)
@@ -116,7 +116,7 @@ def _call_factory(mod, path: str, name: str, target: str) -> tuple:
 
 # %% ../nbs/23_cli.ipynb #710e9cd8
 def _model_and_inputs(got, name: str, target: str) -> tuple:
-    "What factory `name` returned as `(model, inputs)`, inputs a tuple of tensors (a lone tensor is one); a `FactoryError` otherwise."
+    "`(model, inputs)` as factory `name` returned them, a lone tensor as one input; a `FactoryError` if not that."
     import torch
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and callable(got[0])):
         raise FactoryError(f"{target}: {name}() must return (model, inputs), got {type(got).__name__}")
@@ -275,7 +275,7 @@ def _build_model(args, say) -> tuple:
 
 # %% ../nbs/23_cli.ipynb #ac95d8cb
 def _run(args, model, inputs: tuple, out: Path, say) -> tuple[list[Path], str]:
-    "Run `args.command` (`assign`, or `explain` for `demo` too) on the model and write its files into `out`: them, and the text to print."
+    "Run `args.command` on the model (`demo` is `explain`), write its files into `out`: the files, the text to print."
     if args.command == "assign":
         say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
         rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",

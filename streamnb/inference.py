@@ -116,7 +116,7 @@ def build_inference(name: str, style: str, seed: int = 0) -> tuple[nn.Module, tu
 
 # %% ../nbs/20b_inference.ipynb #8e1effa8
 def _run_compiled(model: nn.Module, inputs: tuple, upstream: bool) -> tuple:
-    "Run `model` once, compiled under `use_streamnb_passes` (and `torch.no_grad()`) on this CPU: its outputs, graphs, switch."
+    "`model` compiled under `use_streamnb_passes` and run once under `torch.no_grad()`: its outputs, graphs and switch."
     graphs: dict = {}
     torch.compiler.reset()
     with cpu_streams(), torch.no_grad(), use_streamnb_passes(upstream, cpu_as="meta") as switch:

@@ -225,7 +225,7 @@ def explain_pattern(name: str, style: str, **kwargs):
 
 # %% ../nbs/20a_patterns.ipynb #b5abc2dc
 def _forward_backward(f: Callable, inputs: tuple) -> tuple:
-    "`f` run once on leaf copies of `inputs`, and backward from its outputs that require grad (with gradients of ones): the outputs."
+    "`f` run once on leaf copies of `inputs`, then backward from each output that requires grad (ones): the outputs."
     xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
     out = f(*xs)
     outs = out if isinstance(out, tuple) else (out,)
