@@ -79,10 +79,14 @@ class FactoryError(StreamnbError):
 def load_factory(target: str) -> tuple:
     """`'path/to/file.py:factory'` -> `(model, inputs)` as `factory()` returns them (under `cpu_streams`, so that streams it
     makes work on a CPU); a `FactoryError` in one line otherwise."""
-    import torch
     path, sep, name = target.rpartition(":")
     if not sep or not path or not name.isidentifier():
         raise FactoryError(f"{target!r}: expected FILE.py:FACTORY, e.g. my_model.py:make")
+    return _call_factory(_import_file(path), path, name, target)
+
+# %% ../nbs/23_cli.ipynb #6cc67bb5
+def _import_file(path: str):
+    "The file at `path` imported as a module (under `cpu_streams`, registered by name); a `FactoryError` otherwise."
     file = Path(path)
     if not file.is_file(): raise FactoryError(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location(f"streamnb_user_{file.stem}", file)
@@ -95,6 +99,11 @@ def load_factory(target: str) -> tuple:
     except (KeyboardInterrupt, GeneratorExit): raise
     except BaseException as e: raise FactoryError(f"{path}: importing it {_what(e)}") from e
     finally: sys.path.remove(str(file.resolve().parent))
+    return mod
+
+# %% ../nbs/23_cli.ipynb #652162e7
+def _call_factory(mod, path: str, name: str, target: str) -> tuple:
+    "`mod`'s function `name` called under `cpu_streams`, and what it returned checked; a `FactoryError` otherwise."
     factory = getattr(mod, name, None)
     if not callable(factory):
         have = [k for k, v in vars(mod).items() if callable(v) and getattr(v, "__module__", None) == mod.__name__]
@@ -103,6 +112,12 @@ def load_factory(target: str) -> tuple:
         with cpu_streams(): got = factory()                # streams a module makes in __init__: likewise
     except (KeyboardInterrupt, GeneratorExit): raise
     except BaseException as e: raise FactoryError(f"{target}: {name}() {_what(e)}") from e
+    return _model_and_inputs(got, name, target)
+
+# %% ../nbs/23_cli.ipynb #710e9cd8
+def _model_and_inputs(got, name: str, target: str) -> tuple:
+    "`(model, inputs)` as factory `name` returned them, a lone tensor as one input; a `FactoryError` if not that."
+    import torch
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and callable(got[0])):
         raise FactoryError(f"{target}: {name}() must return (model, inputs), got {type(got).__name__}")
     model, inputs = got
@@ -140,16 +155,6 @@ def assign_table(model, inputs: tuple, name: str, *, side_streams: int = 2, devi
     cap = capture(model, *inputs, frontend=frontend)
     return judge({name: cap.forward if cap.inference else cap.backward}, side_streams=side_streams, device=device)
 
-# %% ../nbs/23_cli.ipynb #f773dfac
-def _judging_args(e: argparse.ArgumentParser, a: argparse.ArgumentParser) -> None:
-    "The options of `explain` (`e`) and `assign` (`a`) that say how the program is judged."
-    e.add_argument("--forward-syncs", action="store_true", help="the default mode also inserts the forward's syncs "
-                   "(beyond PyTorch, whose passes sync the backward only; the forward's are otherwise the program's job)")
-    for q in (e, a):
-        q.add_argument("--no-grad", action="store_true", help="capture the model under torch.no_grad(), as inference "
-                       "runs it: its forward alone, with the passes AOTAutograd runs on an inference graph (the backward "
-                       "passes do not apply). A model with no input requiring grad and no parameter is captured so anyway")
-
 # %% ../nbs/23_cli.ipynb #7ab21f8a
 def parser() -> argparse.ArgumentParser:
     "The command line of `streamnb`."
@@ -157,16 +162,35 @@ def parser() -> argparse.ArgumentParser:
         "GPU stream semantics for compiled PyTorch graphs: run PyTorch's AOTAutograd stream passes (as the seed does "
         "them, and corrected) on a model, simulate the backward on an estimated GPU, and check it for races."))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _demo_parser(sub)
+    _judging_args(_explain_parser(sub), _assign_parser(sub))
+    return p
+
+# %% ../nbs/23_cli.ipynb #eea86438
+def _demo_parser(sub) -> argparse.ArgumentParser:
+    "`streamnb demo`, added to the subcommands `sub`."
     d = sub.add_parser("demo", help="explain the transformer-block example and write the results to a folder",
                        description="Capture a transformer block whose attention runs on stream 1 and MLP on stream 2, "
                        "run the stream passes both ways (the seed's and streamnb's), simulate and sanitize the backward "
                        "graph, and write the graphs, timeline and memory plots, a Perfetto trace, the sanitizer "
                        "reports and a summary into OUT.")
+    _output_args(d, "streamnb-demo")
+    return d
+
+# %% ../nbs/23_cli.ipynb #8bccda95
+def _explain_parser(sub) -> argparse.ArgumentParser:
+    "`streamnb explain FILE.py:FACTORY`, added to the subcommands `sub` (its judging options: `_judging_args`)."
     e = sub.add_parser("explain", help="explain your own model and write the results to a folder",
                        description="Do what `demo` does for the model and inputs that FACTORY in FILE.py returns: "
                        "factory() must return (model, inputs), the model an nn.Module or function, inputs a tuple of "
                        "tensors; a model with no gradient (or --no-grad) is judged forward only.")
     e.add_argument("target", metavar="FILE.py:FACTORY", help="a Python file and the function in it that builds the model")
+    _output_args(e, "streamnb-explain"); _frontend_arg(e)
+    return e
+
+# %% ../nbs/23_cli.ipynb #44b78729
+def _assign_parser(sub) -> argparse.ArgumentParser:
+    "`streamnb assign [FILE.py:FACTORY]`, added to the subcommands `sub` (its judging options: `_judging_args`)."
     a = sub.add_parser("assign", help="choose the streams of a model's backward four ways and compare them",
                        description="Assign the backward of the transformer-block example (or of the model FACTORY in "
                        "FILE.py returns) to streams four ways: one stream, apex's critical path, Nimble's chain cover and "
@@ -176,19 +200,35 @@ def parser() -> argparse.ArgumentParser:
                        "measurements.")
     a.add_argument("target", nargs="?", metavar="FILE.py:FACTORY", help="your model (default: the demo model)")
     a.add_argument("--side-streams", type=int, default=2, metavar="K", help="side streams to use (default: %(default)s)")
-    for q, default in ((d, "streamnb-demo"), (e, "streamnb-explain"), (a, "streamnb-assign")):
-        q.add_argument("--out", default=default, metavar="DIR",
-                       help="folder to write the results into; created if missing (default: %(default)s)")
-        q.add_argument("--device", default="H100", choices=sorted(DEVICE_SPECS),
-                       help="device whose datasheet numbers the cost model uses (default: %(default)s)")
-        q.add_argument("--quiet", action="store_true", help="print only the summary")
+    _output_args(a, "streamnb-assign"); _frontend_arg(a)
+    return a
+
+# %% ../nbs/23_cli.ipynb #3acce955
+def _output_args(q: argparse.ArgumentParser, out: str) -> None:
+    "The options of every command: the folder to write into (default `out`), the device, how much to print."
+    q.add_argument("--out", default=out, metavar="DIR",
+                   help="folder to write the results into; created if missing (default: %(default)s)")
+    q.add_argument("--device", default="H100", choices=sorted(DEVICE_SPECS),
+                   help="device whose datasheet numbers the cost model uses (default: %(default)s)")
+    q.add_argument("--quiet", action="store_true", help="print only the summary")
+
+# %% ../nbs/23_cli.ipynb #4bcc2795
+def _frontend_arg(q: argparse.ArgumentParser) -> None:
+    "`--frontend`, how `explain` and `assign` trace the model."
+    q.add_argument("--frontend", default="auto", choices=FRONTENDS,
+                   help="how to trace the model: aot (annotate regions), dynamo (also stream objects: torch.cuda.Stream, "
+                   "events, wait_stream, record_stream; on a CPU under streamnb.cpu_streams), auto: aot, then dynamo "
+                   "if aot fails or sees no stream (default: %(default)s)")
+
+# %% ../nbs/23_cli.ipynb #f773dfac
+def _judging_args(e: argparse.ArgumentParser, a: argparse.ArgumentParser) -> None:
+    "The options of `explain` (`e`) and `assign` (`a`) that say how the program is judged."
+    e.add_argument("--forward-syncs", action="store_true", help="the default mode also inserts the forward's syncs "
+                   "(beyond PyTorch, whose passes sync the backward only; the forward's are otherwise the program's job)")
     for q in (e, a):
-        q.add_argument("--frontend", default="auto", choices=FRONTENDS,
-                       help="how to trace the model: aot (annotate regions), dynamo (also stream objects: torch.cuda.Stream, "
-                       "events, wait_stream, record_stream; on a CPU under streamnb.cpu_streams), auto: aot, then dynamo "
-                       "if aot fails or sees no stream (default: %(default)s)")
-    _judging_args(e, a)
-    return p
+        q.add_argument("--no-grad", action="store_true", help="capture the model under torch.no_grad(), as inference "
+                       "runs it: its forward alone, with the passes AOTAutograd runs on an inference graph (the backward "
+                       "passes do not apply). A model with no input requiring grad and no parameter is captured so anyway")
 
 # %% ../nbs/23_cli.ipynb #d956a7bc
 @contextlib.contextmanager
@@ -216,26 +256,32 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if out.exists() and not out.is_dir(): raise StreamnbError(f"--out {out}: exists and is not a folder")
             if getattr(args, "side_streams", 0) < 0: raise StreamnbError(f"--side-streams {args.side_streams}: must be >= 0")
-            if getattr(args, "target", None) is None:
-                say("building the transformer-block example (attention on stream 1, MLP on stream 2)")
-                model, inputs = transformer_block_example()
-            else:
-                say(f"building the model: {args.target}")
-                model, inputs = load_factory(args.target)
-            if args.command == "assign":
-                say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
-                rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
-                                         side_streams=args.side_streams, device=args.device, frontend=args.frontend)
-                files = write_assignment(rows, tls, out)
-                text = (out / "table.txt").read_text(encoding="utf-8").rstrip()
-            else:
-                ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"),
-                             forward_syncs=getattr(args, "forward_syncs", False))
-                say(f"writing results to {out}/")
-                files, text = write_explanation(ex, out), ex.summary_text()
+            files, text = _run(args, *_build_model(args, say), out, say)
         except (StreamnbError, OSError) as e:
             print(f"streamnb: error: {e}", file=sys.stderr)
             return 2
     print(text)
     say(f"done: {len(files)} files in {out}/")
     return 0
+
+# %% ../nbs/23_cli.ipynb #e81e112a
+def _build_model(args, say) -> tuple:
+    "The model and inputs the command runs: the transformer-block example, or what `args.target`'s factory returns."
+    if getattr(args, "target", None) is None:
+        say("building the transformer-block example (attention on stream 1, MLP on stream 2)")
+        return transformer_block_example()
+    say(f"building the model: {args.target}")
+    return load_factory(args.target)
+
+# %% ../nbs/23_cli.ipynb #ac95d8cb
+def _run(args, model, inputs: tuple, out: Path, say) -> tuple[list[Path], str]:
+    "Run `args.command` on the model (`demo` is `explain`), write its files into `out`: the files, the text to print."
+    if args.command == "assign":
+        say(f"assigning the backward to streams four ways ({args.side_streams} side streams)")
+        rows, tls = assign_table(model, inputs, Path(args.target).name if args.target else "transformer_block",
+                                 side_streams=args.side_streams, device=args.device, frontend=args.frontend)
+        return write_assignment(rows, tls, out), (out / "table.txt").read_text(encoding="utf-8").rstrip()
+    ex = explain(model, *inputs, device=args.device, log=say, frontend=getattr(args, "frontend", "auto"),
+                 forward_syncs=getattr(args, "forward_syncs", False))
+    say(f"writing results to {out}/")
+    return write_explanation(ex, out), ex.summary_text()

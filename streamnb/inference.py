@@ -114,15 +114,21 @@ def build_inference(name: str, style: str, seed: int = 0) -> tuple[nn.Module, tu
     with cpu_streams(): model = p.model(style).eval().requires_grad_(False)
     return model, p.inputs()
 
-# %% ../nbs/20b_inference.ipynb #19c669e5
-def compile_inference(name: str, style: str, upstream: bool = False) -> dict:
-    """Compile the program with `torch.compile` under `use_streamnb_passes` (`upstream`: the seed's passes) and run it once
-    under `torch.no_grad()`: its outputs, eager PyTorch's, the compiled graphs and `switch.explain(graphs)`."""
-    model, inputs = build_inference(name, style)
+# %% ../nbs/20b_inference.ipynb #8e1effa8
+def _run_compiled(model: nn.Module, inputs: tuple, upstream: bool) -> tuple:
+    "`model` compiled under `use_streamnb_passes` and run once under `torch.no_grad()`: its outputs, graphs and switch."
     graphs: dict = {}
     torch.compiler.reset()
     with cpu_streams(), torch.no_grad(), use_streamnb_passes(upstream, cpu_as="meta") as switch:
         out = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)(*inputs)
     torch.compiler.reset()
+    return out, graphs, switch
+
+# %% ../nbs/20b_inference.ipynb #19c669e5
+def compile_inference(name: str, style: str, upstream: bool = False) -> dict:
+    """Compile the program with `torch.compile` under `use_streamnb_passes` (`upstream`: the seed's passes) and run it once
+    under `torch.no_grad()`: its outputs, eager PyTorch's, the compiled graphs and `switch.explain(graphs)`."""
+    model, inputs = build_inference(name, style)
+    out, graphs, switch = _run_compiled(model, inputs, upstream)
     return dict(model=model, inputs=inputs, outputs=out, eager=eager(model, *inputs).outputs, graphs=graphs,
                 switch=switch, explanation=switch.explain(graphs))

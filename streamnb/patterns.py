@@ -157,23 +157,26 @@ class ActivationCopy(TwoStyles):
         saved = self.handover(ready, saved)
         return y + saved
 
+# %% ../nbs/20a_patterns.ipynb #cf57eb95
+def _reduce_on_side(g: torch.Tensor, style: str) -> torch.Tensor:
+    "`g` scaled (an all-reduce's stand-in) on side stream 1: an `on_stream(1)` region, or a stream object joined back."
+    if style == "annotate":
+        with on_stream(1): return g * 0.5
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side): r = g * 0.5
+    torch.cuda.current_stream().wait_stream(side)
+    return r
+
 # %% ../nbs/20a_patterns.ipynb #baaa9608
 class _ReduceGrad(torch.autograd.Function):
-    "Identity forward; the backward scales the gradient (an all-reduce's stand-in) on a side stream and joins it."
+    "Identity forward; the backward reduces the gradient on a side stream (`_reduce_on_side`)."
     @staticmethod
     def forward(ctx, w, style):
         ctx.style = style
         return w.view_as(w)
     @staticmethod
-    def backward(ctx, g):
-        if ctx.style == "annotate":
-            with on_stream(1): r = g * 0.5
-        else:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side): r = g * 0.5
-            torch.cuda.current_stream().wait_stream(side)
-        return r, None
+    def backward(ctx, g): return _reduce_on_side(g, ctx.style), None
 
 # %% ../nbs/20a_patterns.ipynb #df8f715a
 class AsyncGradReduce(TwoStyles):
@@ -220,6 +223,15 @@ def explain_pattern(name: str, style: str, **kwargs):
     model, inputs = build(name, style)
     return explain(model, *inputs, **kwargs)
 
+# %% ../nbs/20a_patterns.ipynb #b5abc2dc
+def _forward_backward(f: Callable, inputs: tuple) -> tuple:
+    "`f` run once on leaf copies of `inputs`, then backward from each output that requires grad (ones): the outputs."
+    xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+    out = f(*xs)
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+    return outs
+
 # %% ../nbs/20a_patterns.ipynb #f99d6391
 def compile_pattern(name: str, style: str) -> dict:
     """Compile the pattern with `torch.compile` under `use_streamnb_passes` (default mode), run forward and backward once;
@@ -228,11 +240,7 @@ def compile_pattern(name: str, style: str) -> dict:
     graphs: dict = {}
     torch.compiler.reset()
     with cpu_streams(), use_streamnb_passes(cpu_as="meta") as switch:
-        compiled = torch.compile(model, backend=executor_backend(graphs), fullgraph=True)
-        xs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-        out = compiled(*xs)
-        outs = out if isinstance(out, tuple) else (out,)
-        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+        outs = _forward_backward(torch.compile(model, backend=executor_backend(graphs), fullgraph=True), inputs)
     (registry,) = switch.registries
     reports = {kind: sanitize(gms[0], registry=registry) for kind, gms in graphs.items()}
     return dict(model=model, inputs=inputs, outputs=outs, grads={n: p.grad for n, p in model.named_parameters()},

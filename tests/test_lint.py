@@ -20,7 +20,6 @@ MAX_LINES, MAX_MEDIAN = 40, 10
 ALLOWED = {
     "09_examples": (None, 14), "09a_course": (None, 18), "13_control_deps": (None, 13),
     "16c_capture": (None, 17), "17_explain": (None, 20),
-    "20a_patterns": (None, 13), "20b_inference": (None, 10.5), "23_cli": (None, 12),
 }
 
 
