@@ -14,7 +14,7 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, aten, streams
 
 # %% auto #0
-__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'five_nodes']
+__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'dealloc_graph', 'grad_acc', 'grad_acc_chain', 'cross_stream', 'record_wait_graph', 'old_value_after_join', 'user_syncs', 'transitive_wait_graph', 'five_nodes']
 
 # %% ../nbs/09_examples.ipynb #ddd0705e
 def running_example(tokens: int = 2048, d: int = 1024, hidden: int = 2048, device: str = "meta",
@@ -184,6 +184,111 @@ def backward_like(n_nodes: int, n_streams: int = 3) -> GraphModule:
         grad = b.op(aten.relu.default, grad, stream=0)
         ev += 2
     return b.output(grad)
+
+# %% ../nbs/09_examples.ipynb #12ce50b2
+def dealloc_graph(remedy: str | None = None, *, events: tuple = (1, 2), tail: bool = False, side_input: bool = False,
+                  record_stream_first: bool = False, shape: tuple = (4, 4)) -> GraphModule:
+    """A block made on stream 0 and last read on stream 1 (after a record/wait pair of event `events[0]`), and the
+    `remedy` that keeps the allocator from reusing it too early: None, "record_stream" (eager's; before the read if
+    `record_stream_first`, else after it) or "sync_dealloc" (AOTAutograd's: record `events[1]` on stream 1 after the
+    read, the free on stream 0). The block is `mul`, read by `neg`, or by `add` with a stream-1 value `cos` if
+    `side_input`. `tail`: the nodes are named `t`, `r` and `u`, `u` more work on stream 0 after the read (a second
+    output, which may reuse the block)."""
+    if remedy not in (None, "record_stream", "sync_dealloc"):
+        raise ValueError(f"remedy must be None, 'record_stream' or 'sync_dealloc', got {remedy!r}")
+    name = (lambda s: s) if tail else (lambda s: None)
+    b = GraphBuilder(shape=shape)
+    x = b.input("x")
+    t = b.op(aten.mul.Tensor, x, x, stream=0, name=name("t"))
+    p1 = b.op(aten.cos.default, x, stream=1) if side_input else None
+    b.sync(streams.record_event.default, events[0], 0)
+    b.sync(streams.wait_event.default, events[0], 1)
+    if remedy == "record_stream" and record_stream_first: b.sync(streams.record_stream.default, t, 1)
+    r = b.op(aten.add.Tensor, t, p1, stream=1) if side_input else b.op(aten.neg.default, t, stream=1, name=name("r"))
+    if remedy == "record_stream" and not record_stream_first: b.sync(streams.record_stream.default, t, 1)
+    if remedy == "sync_dealloc":
+        b.sync(streams.record_event.default, events[1], 1)
+        b.sync(streams.sync_dealloc.default, events[1], 0, t)
+    return b.output(r, b.op(aten.neg.default, x, stream=0, name="u")) if tail else b.output(r)
+
+# %% ../nbs/09_examples.ipynb #83da1b68
+def grad_acc() -> GraphModule:
+    "The seed's scenario: `acc1 = g1 + g2` (streams 1 and 2) with a user on stream 2; `acc2 = g1 + g2` feeds only the output."
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    g1 = b.op(aten.neg.default, t, stream=1)
+    g2 = b.op(aten.sin.default, t, stream=2)
+    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
+    use = b.op(aten.mul.Tensor, acc1, t, stream=2)
+    acc2 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc2")
+    return b.output(use, acc2)
+
+# %% ../nbs/09_examples.ipynb #4ba98bdd
+def grad_acc_chain(user_stream: int | None = 2, busy_current: bool = False) -> GraphModule:
+    """`acc2 = (g1 + g2) + g3` (g1, g2 on stream 1, g3 on stream 2) read by `mm` on `user_stream`; `busy_current`: an
+    `exp` first on stream 0, the current stream."""
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    if busy_current: b.op(aten.exp.default, t, stream=0, name="exp")
+    g1 = b.op(aten.neg.default, t, stream=1)
+    g2 = b.op(aten.sin.default, t, stream=1)
+    g3 = b.op(aten.cos.default, t, stream=2)
+    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
+    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
+    return b.output(b.op(aten.mm.default, acc2, t, stream=user_stream))
+
+# %% ../nbs/09_examples.ipynb #aa2ac801
+def cross_stream() -> GraphModule:
+    "`mul` on stream 1 (of a gradient and a saved input) read by `add` on stream 0: the smallest graph that needs a sync."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    g = b.input("tangents_1")
+    mul = b.op(aten.mul.Tensor, g, x, stream=1)
+    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
+
+def record_wait_graph(wait_stream: int = 0) -> GraphModule:
+    "`mul` on stream 1, recorded (event 100) and waited for on `wait_stream`, then read by `add` on stream 0."
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.record_event.default, 100, 1)
+    b.sync(streams.wait_event.default, 100, wait_stream)
+    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
+
+# %% ../nbs/09_examples.ipynb #ad7606be
+def old_value_after_join() -> GraphModule:
+    """A forward's input write-back (`copy_`) whose source `add` (stream 1) is joined by a `wait_stream`, and stream 0
+    reads the input's *old* value after the join: the copy cannot move above that read."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    old = b.op(aten.neg.default, x, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(old)
+
+# %% ../nbs/09_examples.ipynb #b41e2552
+def user_syncs() -> GraphModule:
+    "A forward-like graph (no tags) with the user's own record (event 7, stream 1), wait (stream 2) and `synchronize_event`."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    z = b.op(aten.mul.Tensor, y, y, stream=1, tag=None)
+    b.sync(streams.record_event.default, 7, 1)
+    a = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
+    b.sync(streams.wait_event.default, 7, 2)
+    w = b.op(aten.add.Tensor, z, a, stream=2, tag=None)
+    b.sync(streams.synchronize_event.default, 7)
+    return b.output(w, b.op(aten.neg.default, y, tag=None))
+
+def transitive_wait_graph() -> GraphModule:
+    "`p`, `x` on stream 2; `y` on 0 reads `x`; `z` on 3 reads `y`, then `c` on 3 reads `p`: stream 3 knows `p` only through 0."
+    b = GraphBuilder()
+    x0 = b.input("x")
+    p = b.op(aten.relu.default, x0, stream=2, name="p"); x = b.op(aten.neg.default, p, stream=2, name="x")
+    y = b.op(aten.relu.default, x, stream=0, name="y")
+    z = b.op(aten.neg.default, y, stream=3, name="z"); c = b.op(aten.add.Tensor, z, p, stream=3, name="c")
+    return b.output(c)
 
 # %% ../nbs/21_strategies.ipynb #b3822645
 def five_nodes() -> GraphModule:

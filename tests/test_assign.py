@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from streamnb.course import acc_exercise
+from streamnb.examples import grad_acc, grad_acc_chain
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)
@@ -10,30 +11,6 @@ from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValErr
 
 def streams_of(gm):
     return {n.name: get_stream(n) for n in gm.graph.nodes if n.op == "call_function"}
-
-
-def grad_acc():
-    "The seed's scenario: acc1 = g1(s1)+g2(s2) with a user on s2; acc2 = g1+g2 used only by the output."
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    use = b.op(aten.mul.Tensor, acc1, t, stream=2)
-    acc2 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc2")
-    return b.output(use, acc2)
-
-
-def chain(user_stream=2):
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=1)
-    g3 = b.op(aten.cos.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
-    mm = b.op(aten.mm.default, acc2, t, stream=user_stream)
-    return b.output(mm)
 
 
 @pytest.mark.parametrize("upstream", [True, False])
@@ -44,16 +21,16 @@ def test_grad_acc_users_before_args(upstream):
 
 
 def test_reverse_walk_settles_chains():
-    gm = chain()
+    gm = grad_acc_chain()
     assign_backward_streams(gm)
     assert streams_of(gm)["acc1"] == 2 and streams_of(gm)["acc2"] == 2
-    gm = chain(user_stream=None)   # acc2 has no annotated user: its first annotated arg is g3 (acc1 is still None)
+    gm = grad_acc_chain(user_stream=None)   # acc2 has no annotated user: its first annotated arg is g3 (acc1 is still None)
     assign_backward_streams(gm)
     assert streams_of(gm)["acc1"] == 2 and streams_of(gm)["acc2"] == 2
 
 
 def test_both_modes_identical():
-    for make in (grad_acc, chain):
+    for make in (grad_acc, grad_acc_chain):
         a, b = make(), make()
         assign_backward_streams(a, upstream=True)
         assign_backward_streams(b)
@@ -167,7 +144,7 @@ def test_epilogue_second_run_noop():
 
 def test_against_torch_oracle():
     oracle = pytest.importorskip("oracle")
-    cases = [(grad_acc, "assign_backward_streams"), (chain, "assign_backward_streams"),
+    cases = [(grad_acc, "assign_backward_streams"), (grad_acc_chain, "assign_backward_streams"),
              (lambda: epilogue(None, 3), "assign_epilogue_copy_streams"), (epilogue, "assign_epilogue_copy_streams")]
     for make, p in cases:
         ref = oracle.run_torch(make(), (p,), impl="seed", mode="gpu", start=10)
@@ -265,27 +242,13 @@ def test_running_example_accumulations_and_seed_agree():
     assert canonical(gm) == canonical(seed)
 
 
-def _busy_chain():
-    "The chapter's `busy_current`: the chain behind a 4 µs `exp` on stream 0."
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    b.op(aten.exp.default, t, stream=0, name="exp")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=1)
-    g3 = b.op(aten.cos.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
-    mm = b.op(aten.mm.default, acc2, t, stream=2)
-    return b.output(mm)
-
-
 def test_busy_current_picture_sum_moves_off_stream_0_and_makespan_drops():
     from streamnb.simulator import simulate
     from streamnb.syncs import insert_backward_syncs
     costs = {k: v / 1000 for k, v in {"exp": 4, "neg": 1, "sin": 1, "cos": 1, "acc1": 1, "acc2": 1, "mm": 3}.items()}
     out = []
     for assign in (False, True):
-        gm = _busy_chain()
+        gm = grad_acc_chain(busy_current=True)   # the chapter's busy_current: an exp of 4 µs first on stream 0
         if assign:
             assign_backward_streams(gm)
         insert_backward_syncs(gm)

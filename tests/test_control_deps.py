@@ -14,6 +14,7 @@ from torch._functorch._aot_autograd import streams as torch_streams
 import graphgen
 
 SEED_FAILS = pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"), id="upstream")
+import streamnb.examples as examples
 from streamnb.course import control_deps_exercise
 from streamnb.control_deps import EmptyGraphError, wrap_all_sync_nodes_with_control_deps as wrap
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, StreamAnnotationError, StreamnbError,
@@ -504,17 +505,8 @@ def chained_record():
 
 
 def dealloc_graph():
-    "mul (stream 0) read with a stream-1 value on stream 1; freed after record(11, 1)."
-    b = GraphBuilder()
-    x = b.input("x")
-    mul = b.op(aten.mul.Tensor, x, x, stream=0)
-    p1 = b.op(aten.cos.default, x, stream=1)
-    b.sync(REC, 10, 0)
-    b.sync(WAIT, 10, 1)
-    b.op(aten.add.Tensor, mul, p1, stream=1)
-    b.sync(REC, 11, 1)
-    b.sync(DEALLOC, 11, 0, mul)
-    return b.output(node(b.gm, "add"))
+    "mul (stream 0) read with a stream-1 value (cos) by add on stream 1; freed after record(11, 1)."
+    return examples.dealloc_graph("sync_dealloc", events=(10, 11), side_input=True)
 
 
 @pytest.mark.parametrize("make", [chained_record, dealloc_graph])

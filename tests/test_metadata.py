@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
+from streamnb.examples import old_value_after_join
 from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
@@ -195,17 +196,6 @@ def mutate_join_mutate():
     v2 = b.op(aten.mul.Tensor, v1, v1, stream=0, tag="is_forward")
     b.op(aten.copy_.default, x, v2, tag="is_forward")
     return b.output(v2)
-
-
-def old_value_after_join():
-    "The write-back's source precedes the join, but stream 0 reads the input's old value after it."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    old = b.op(aten.neg.default, x, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    return b.output(old)
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_SILENT])

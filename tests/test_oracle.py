@@ -16,6 +16,7 @@ import torch.fx.traceback as fxt
 import graphgen
 import oracle
 from oracle import MODES, PIPELINE, WRAP
+from streamnb.examples import cross_stream, user_syncs
 from streamnb.graph import GraphBuilder
 
 aten = torch.ops.aten
@@ -25,14 +26,6 @@ logging.getLogger("torch._inductor.utils").setLevel(logging.ERROR)
 # ----------------------------------------------------------------------------------------------------------------
 # Hand-written scenarios; each returns a fresh graph
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def cross_stream():
-    "mul on s1 read by add on s0: a record/wait pair, then record_event + sync_dealloc for mul's last use."
-    b = GraphBuilder()
-    x, g = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, x, stream=1)
-    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
 
 
 def grad_acc():
@@ -84,20 +77,6 @@ def cpu_device():
     x, g = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
     mul = b.op(aten.mul.Tensor, g, x, stream=1)
     return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
-
-
-def user_syncs():
-    "A forward-like graph with user-written record/wait/synchronize_event (wrap pass only)."
-    b = GraphBuilder()
-    x = b.input("x", tag=None)
-    y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
-    z = b.op(aten.mul.Tensor, y, y, stream=1, tag=None)
-    b.sync(streams.record_event.default, 7, 1)
-    a = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
-    b.sync(streams.wait_event.default, 7, 2)
-    w = b.op(aten.add.Tensor, z, a, stream=2, tag=None)
-    b.sync(streams.synchronize_event.default, 7)
-    return b.output(w, b.op(aten.neg.default, y, tag=None))
 
 
 def wait_stream():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from streamnb.course import sync_exercise
+from streamnb.examples import cross_stream
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
@@ -27,15 +28,6 @@ def seq(gm):
         args = torch.fx.node.map_arg(n.args, lambda a: a.name)
         out.append((n.name, n.target if n.op == "call_function" else n.op, args))
     return out
-
-
-def cross_stream():
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    g = b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, x, stream=1)
-    add = b.op(aten.add.Tensor, mul, x, stream=0)
-    return b.output(add)
 
 
 def fan_out(s_first=0, s_second=2, device="meta"):
