@@ -14,7 +14,7 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, aten, streams
 
 # %% auto #0
-__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'dealloc_graph', 'grad_acc', 'grad_acc_chain', 'cross_stream', 'record_wait_graph', 'old_value_after_join', 'user_syncs', 'transitive_wait_graph', 'five_nodes']
+__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'dealloc_graph', 'grad_acc', 'grad_acc_chain', 'cross_stream', 'record_wait_graph', 'old_value_after_join', 'user_syncs', 'transitive_wait_graph', 'mutate_then_join', 'mutate_join_mutate', 'three_streams', 'cross_read', 'three_way', 'big_and_small_branches', 'five_nodes']
 
 # %% ../nbs/09_examples.ipynb #ddd0705e
 def running_example(tokens: int = 2048, d: int = 1024, hidden: int = 2048, device: str = "meta",
@@ -246,6 +246,7 @@ def cross_stream() -> GraphModule:
     mul = b.op(aten.mul.Tensor, g, x, stream=1)
     return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
 
+# %% ../nbs/09_examples.ipynb #c773fa7a
 def record_wait_graph(wait_stream: int = 0) -> GraphModule:
     "`mul` on stream 1, recorded (event 100) and waited for on `wait_stream`, then read by `add` on stream 0."
     b = GraphBuilder()
@@ -281,6 +282,7 @@ def user_syncs() -> GraphModule:
     b.sync(streams.synchronize_event.default, 7)
     return b.output(w, b.op(aten.neg.default, y, tag=None))
 
+# %% ../nbs/09_examples.ipynb #8086fc2e
 def transitive_wait_graph() -> GraphModule:
     "`p`, `x` on stream 2; `y` on 0 reads `x`; `z` on 3 reads `y`, then `c` on 3 reads `p`: stream 3 knows `p` only through 0."
     b = GraphBuilder()
@@ -289,6 +291,71 @@ def transitive_wait_graph() -> GraphModule:
     y = b.op(aten.relu.default, x, stream=0, name="y")
     z = b.op(aten.neg.default, y, stream=3, name="z"); c = b.op(aten.add.Tensor, z, p, stream=3, name="c")
     return b.output(c)
+
+# %% ../nbs/09_examples.ipynb #d6f9e98c
+def mutate_then_join() -> GraphModule:
+    """PyTorch #197416's program: `x.add_(1)` on side stream 1, the program joins stream 0 to stream 1 (`wait_stream`),
+    stream 0 reads the new value, and the input's write-back (`copy_`) comes last, after the join."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(out)
+
+# %% ../nbs/09_examples.ipynb #564cb01d
+def mutate_join_mutate() -> GraphModule:
+    "`x.add_(1)` on stream 1, stream 0 joins it, `x.mul_(2)` on stream 0: traced `add`, the join, `mul(add, 2)`, `copy_`."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    v1 = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    v2 = b.op(aten.mul.Tensor, v1, v1, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, v2, tag="is_forward")
+    return b.output(v2)
+
+# %% ../nbs/09_examples.ipynb #af2d6059
+def three_streams(waits: tuple = (1, 2)) -> GraphModule:
+    "Chapter 01's opening graph with its syncs; `waits`: the streams whose event stream 0 waits for before `add`."
+    g = GraphBuilder(); x, t = g.input("primals_1", tag="is_forward"), g.input("tangents_1")
+    mul = g.op(aten.mul.Tensor, t, x, stream=1); g.sync(streams.record_event.default, 101, 1)
+    mul_1 = g.op(aten.mul.Tensor, t, 2.0, stream=2); g.sync(streams.record_event.default, 102, 2)
+    for s in waits: g.sync(streams.wait_event.default, 100 + s, 0)
+    return g.output(g.op(aten.add.Tensor, mul, mul_1, stream=0, acc=True))
+
+# %% ../nbs/09_examples.ipynb #15c57742
+def cross_read(synced_too: bool) -> GraphModule:
+    """`a` (stream 1) read by `c` (stream 2) through a record/wait pair of the pass's shape; `synced_too=False`: and
+    by `d` (stream 3), unsynced."""
+    b = GraphBuilder()
+    x = b.input("tangents_1")
+    a = b.op(aten.relu.default, x, stream=1, name="a")
+    b.sync(streams.record_event.default, 40, 1)
+    b.sync(streams.wait_event.default, 40, 2)
+    c = b.op(aten.neg.default, a, stream=2, name="c")
+    return b.output(c) if synced_too else b.output(c, b.op(aten.sin.default, a, stream=3, name="d"))
+
+# %% ../nbs/09_examples.ipynb #814d8d20
+def three_way(shape: tuple = (4, 4)) -> GraphModule:
+    "`p` on stream 1 read by `c0` on stream 0 and `c2` on stream 2: the seed's defects 1 and 2 on one producer."
+    b = GraphBuilder(shape=shape)
+    x = b.input("x", tag="is_forward"); t = b.input("tangents_1")
+    p = b.op(aten.mul.Tensor, t, x, stream=1, name="p")
+    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
+    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
+    return b.output(c0, c2)
+
+# %% ../nbs/09_examples.ipynb #f733a3a0
+def big_and_small_branches() -> GraphModule:
+    "Four independent chains of three `neg`s on streams 1 to 4: two of 4M floats (`big1`, `big2`), two of 1024 (`small...`)."
+    b = GraphBuilder()
+    outs = []
+    for s, (name, n) in enumerate([("big1", 1 << 22), ("big2", 1 << 22), ("small1", 1024), ("small2", 1024)], start=1):
+        v = b.input(f"x_{name}", shape=(n,))
+        for j in range(3): v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
+        outs.append(v)
+    return b.output(*outs)
 
 # %% ../nbs/21_strategies.ipynb #b3822645
 def five_nodes() -> GraphModule:

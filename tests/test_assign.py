@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from streamnb.course import acc_exercise
-from streamnb.examples import grad_acc, grad_acc_chain
+from streamnb.examples import grad_acc, grad_acc_chain, mutate_then_join
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)
@@ -152,21 +152,9 @@ def test_against_torch_oracle():
         assert oracle.mismatch(ref, ours) is None
 
 
-def _mutate_then_join():
-    "PyTorch #197416's program: `x.add_(1)` on side stream 1, the user joins stream 0 to stream 1, then returns."
-    from streamnb.graph import streams
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    return b.output(out)
-
-
 @pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"))])
 def test_correction_13_write_back_before_the_join(upstream):
-    gm = _mutate_then_join()
+    gm = mutate_then_join()
     assign_epilogue_copy_streams(gm, upstream=upstream)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     assert names.index("copy_") < names.index("wait_stream_default")

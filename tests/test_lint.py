@@ -19,7 +19,7 @@ MAX_LINES, MAX_MEDIAN = 40, 10
 # notebook -> (its longest export cell, its median export cell), where over the limits on 2026-12-07 (issue 44)
 ALLOWED = {
     "01_graph": (48, None), "02_streamops": (44, None), "03_cost": (None, 12), "04_contention": (None, 11),
-    "04a_simulate": (None, 10.5), "09_examples": (None, 14), "09a_course": (None, 18),
+    "04a_simulate": (None, 10.5), "09_examples": (None, 11), "09a_course": (None, 18),
     "13_control_deps": (None, 13), "15_pipeline": (None, 11.5), "16_cpu_streams": (None, 22),
     "16a_tracing": (None, 17), "16b_partition": (None, 13), "16c_capture": (None, 17), "17_explain": (None, 20),
     "19a_cuda_demos": (None, 10.5), "20_compile": (None, 25), "20a_patterns": (None, 16), "20b_inference": (None, 15),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
-from streamnb.examples import old_value_after_join
+from streamnb.examples import mutate_join_mutate, old_value_after_join
 from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
@@ -185,17 +185,6 @@ def test_correction_19_reads_a_wrapped_graph():
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         with pytest.raises(UnorderableWriteBackError, match=r"node control_deps \(wait_stream_default\)"):
             run_stream_passes(gm, fw_metadata=meta, passes=("wrap_all_sync_nodes_with_control_deps",))
-
-
-def mutate_join_mutate():
-    "`x.add_(1)` on stream 1, stream 0 joins stream 1, `x.mul_(2)` on stream 0, as functionalization writes it."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    v1 = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    v2 = b.op(aten.mul.Tensor, v1, v1, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, v2, tag="is_forward")
-    return b.output(v2)
 
 
 @pytest.mark.parametrize("upstream", [False, SEED_SILENT])

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from streamnb.examples import dealloc_graph
+from streamnb.examples import big_and_small_branches, dealloc_graph, three_way
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, streams, use_registry
 from streamnb.simulator import Lifetime, simulate
 
@@ -282,19 +282,10 @@ def test_seed_defects_show_up_and_the_corrected_passes_are_clean():
     from streamnb.dealloc import sync_deallocations
     from streamnb.syncs import insert_backward_syncs
 
-    def g():
-        b = GraphBuilder()
-        x = b.input("x", tag="is_forward")
-        t = b.input("tangents_1")
-        p = b.op(aten.mul.Tensor, t, x, stream=1, name="p")
-        c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-        c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-        return b.output(c0, c2)
-
     cost = {"p": 3.0, "c0": 1.0, "c2": 1.0}
     found = {}
     for upstream in (True, False):
-        gm = g()
+        gm = three_way()
         reg = StreamRegistry(start=100, current_stream=0)
         with use_registry(reg):
             insert_backward_syncs(gm, upstream=upstream)
@@ -465,14 +456,7 @@ def test_chapter_pictures_support_the_prose():
 def test_contention_chapter_picture_supports_the_prose():
     "nbs/04_contention.ipynb's picture."
     # "free overlap vs contention: the big branches take (a hair more than) twice as long, the small ones are untouched"
-    b = GraphBuilder()
-    outs = []
-    for s, (name, n) in enumerate([("big1", 1 << 22), ("big2", 1 << 22), ("small1", 1024), ("small2", 1024)], start=1):
-        v = b.input(f"x_{name}", shape=(n,))
-        for j in range(3):
-            v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
-        outs.append(v)
-    gm = b.output(*outs)
+    gm = big_and_small_branches()
     c = lambda n: us(5) if n.name.startswith("small") else get_roofline_estimate(n)
     free, cont = simulate(gm, cost=c), simulate(gm, cost=c, contention=True)
     end = lambda tl, pre: max(e for k, (_, _, e) in tl.spans.items() if k.startswith(pre))
