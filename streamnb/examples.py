@@ -14,7 +14,7 @@ from torch.fx import GraphModule
 from .graph import GraphBuilder, aten, streams
 
 # %% auto #0
-__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'dealloc_graph', 'grad_acc', 'grad_acc_chain', 'cross_stream', 'record_wait_graph', 'old_value_after_join', 'user_syncs', 'transitive_wait_graph', 'mutate_then_join', 'mutate_join_mutate', 'three_streams', 'cross_read', 'three_way', 'big_and_small_branches', 'five_nodes']
+__all__ = ['MODELS', 'STREAM_MODELS', 'running_example', 'on_stream', 'TransformerBlock', 'transformer_block_example', 'TwoBranchMLP', 'SideStreamConsumer', 'NoStreams', 'two_stream_fn', 'make_model', 'matmul_chains', 'missing_wait_graph', 'side_stream_last_use', 'backward_like', 'five_nodes']
 
 # %% ../nbs/09_examples.ipynb #ddd0705e
 def running_example(tokens: int = 2048, d: int = 1024, hidden: int = 2048, device: str = "meta",
@@ -356,6 +356,13 @@ def big_and_small_branches() -> GraphModule:
         for j in range(3): v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
         outs.append(v)
     return b.output(*outs)
+
+# %% ../nbs/09_examples.ipynb #c0dfc03b
+def inference_fn(x, w):
+    "A program with no gradient: `y = sin(x)` on the current stream, read by `(y @ w).relu()` in an annotated stream-1 region."
+    y = x.sin()
+    with torch.fx.traceback.annotate({"stream": 1}): h = (y @ w).relu()   # reads y, made on the current stream
+    return h + y
 
 # %% ../nbs/21_strategies.ipynb #b3822645
 def five_nodes() -> GraphModule:

@@ -15,8 +15,7 @@ BUDGET = 20
 BUDGETS = {"graph": 41,       # the vocabulary every chapter uses, the seed's helpers under the seed's names, the errors
            "streamops": 28,   # the one decoding of stream ops: the table, clocks, aliases, storage, where inputs are ready
            "compiling": 24,   # the switch, dynamo's registry, the backend, and the judge's warning and error
-           "exercises": 22,   # the graders: exercise, grade, the edits a fix is made of
-           "examples": 30}    # the shared models and graphs, one name each: a chapter and its tests build the same one
+           "exercises": 22}   # the graders: exercise, grade, the edits a fix is made of
 PACKAGE_BUDGET = 25           # `streamnb.__all__`: the user-facing entry points only
 
 
