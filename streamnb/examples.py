@@ -315,6 +315,27 @@ def mutate_join_mutate() -> GraphModule:
     b.op(aten.copy_.default, x, v2, tag="is_forward")
     return b.output(v2)
 
+# %% ../nbs/09_examples.ipynb #2557737d
+def mutate_then_event_join() -> GraphModule:
+    "`mutate_then_join` with the join made by an event: stream 1 records event 5 after `add`, stream 0 waits for it."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.record_event.default, 5, 1, tag="is_forward")
+    b.sync(streams.wait_event.default, 5, 0, tag="is_forward")
+    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(out)
+
+# %% ../nbs/09_examples.ipynb #a7a9b81b
+def epilogue(src_stream: int | None = 1, copy_stream: int | None = None) -> GraphModule:
+    "`mul = primals_1 * primals_1` on `src_stream`, then the write-back `copy_(primals_1, mul)` on `copy_stream`."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.mul.Tensor, x, x, stream=src_stream, tag="is_forward")
+    cp = b.op(aten.copy_.default, x, new, stream=copy_stream, tag="is_forward")
+    return b.output(cp)
+
 # %% ../nbs/09_examples.ipynb #af2d6059
 def three_streams(waits: tuple = (1, 2)) -> GraphModule:
     "Chapter 01's opening graph with its syncs; `waits`: the streams whose event stream 0 waits for before `add`."
@@ -335,6 +356,16 @@ def cross_read(synced_too: bool) -> GraphModule:
     b.sync(streams.wait_event.default, 40, 2)
     c = b.op(aten.neg.default, a, stream=2, name="c")
     return b.output(c) if synced_too else b.output(c, b.op(aten.sin.default, a, stream=3, name="d"))
+
+# %% ../nbs/09_examples.ipynb #b9f84e0c
+def fan_out(s_first: int | None = 0, s_second: int | None = 2, device: str = "meta") -> GraphModule:
+    "`neg` on stream 1 read by `mul` on `s_first`, then by `sin` on `s_second`: the seed waits only for the first."
+    b = GraphBuilder(device=device)
+    g = b.input("tangents_1")
+    p = b.op(aten.neg.default, g, stream=1)
+    c0 = b.op(aten.mul.Tensor, p, g, stream=s_first)
+    c2 = b.op(aten.sin.default, p, stream=s_second)
+    return b.output(c0, c2)
 
 # %% ../nbs/09_examples.ipynb #814d8d20
 def three_way(shape: tuple = (4, 4)) -> GraphModule:

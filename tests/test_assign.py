@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from streamnb.course import acc_exercise
-from streamnb.examples import grad_acc, grad_acc_chain, mutate_then_join
+from streamnb.examples import epilogue, grad_acc, grad_acc_chain, mutate_then_join
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)
@@ -89,14 +89,6 @@ def test_bad_stream_names_node_and_changes_nothing():
         assign_backward_streams(gm)
     accs = [n for n in gm.graph.nodes if n.meta.get("is_gradient_acc")]
     assert [n.meta.get("custom") for n in accs] == [None, None]
-
-
-def epilogue(src_stream=1, copy_stream=None):
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.mul.Tensor, x, x, stream=src_stream, tag="is_forward")
-    cp = b.op(aten.copy_.default, x, new, stream=copy_stream, tag="is_forward")
-    return b.output(cp)
 
 
 @pytest.mark.parametrize("upstream", [True, False])

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
-from streamnb.examples import mutate_join_mutate, old_value_after_join
+from streamnb.examples import mutate_join_mutate, mutate_then_event_join, old_value_after_join
 from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
@@ -217,14 +217,7 @@ def test_correction_19_a_write_back_correction_13_moves_is_not_refused():
 def test_correction_13_write_back_goes_before_the_record_an_event_join_waits_for(upstream):
     """Stream 0 joins stream 1 through event 5. The event holds stream 1's work as it was at the record: main's
     correction 13 moved the copy between the record and the wait, where the wait does not cover it."""
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.record_event.default, 5, 1, tag="is_forward")
-    b.sync(streams.wait_event.default, 5, 0, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    gm = b.output(out)
+    gm = mutate_then_event_join()
     assign_epilogue_copy_streams(gm, upstream=upstream)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     assert names == ["add", "copy_", "record_event_default", "wait_event_default", "neg"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from streamnb.course import sync_exercise
-from streamnb.examples import cross_stream
+from streamnb.examples import cross_stream, fan_out
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
@@ -28,16 +28,6 @@ def seq(gm):
         args = torch.fx.node.map_arg(n.args, lambda a: a.name)
         out.append((n.name, n.target if n.op == "call_function" else n.op, args))
     return out
-
-
-def fan_out(s_first=0, s_second=2, device="meta"):
-    "neg on stream 1 consumed by mul on `s_first`, then by sin on `s_second`."
-    b = GraphBuilder(device=device)
-    g = b.input("tangents_1")
-    p = b.op(aten.neg.default, g, stream=1)
-    c0 = b.op(aten.mul.Tensor, p, g, stream=s_first)
-    c2 = b.op(aten.sin.default, p, stream=s_second)
-    return b.output(c0, c2)
 
 
 def test_cross_stream_exact_graph():
