@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from streamnb.course import acc_exercise
+from streamnb.choosing import SmallExperts   # chapter 21b's wide model: four experts here
 from streamnb.examples import epilogue, grad_acc, grad_acc_chain, mutate_then_join
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
@@ -323,7 +324,6 @@ def test_correction_13_never_moves_a_copy_above_a_write_of_its_source():
 import copy
 import functools
 
-import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import assert_close
 
@@ -337,22 +337,12 @@ from streamnb.sanitizer import sanitize
 from streamnb.strategies import AssignError, compute_dag, min_chain_cover
 
 
-class _Experts(nn.Module):
-    "Four independent Linear-GELU-Linear experts on one input, summed: parallel branches in an inference graph."
-    def __init__(self, d=64, hidden=128, experts=4):
-        super().__init__()
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
-                                     for _ in range(experts))
-
-    def forward(self, x): return sum(e(x) for e in self.experts)
-
-
 @functools.lru_cache(maxsize=None)
 def forward_graph(name):
     "(graph, its inputs, the outputs it must give): a capture's forward, or a make_fx inference graph on the meta device."
     if name == "make_fx_experts":
         torch.manual_seed(0)
-        m, x = _Experts().eval(), torch.randn(32, 64)
+        m, x = SmallExperts(d=64, hidden=128, experts=4).eval(), torch.randn(32, 64)
         with torch.no_grad():
             gm = on_device(make_fx(m)(x), "meta")   # CPU values get no syncs (one CPU stream): a device graph
             return gm, [x], [m(x)]
@@ -406,7 +396,7 @@ def test_streamnb_on_a_forward_is_strictly_faster_than_one_stream_where_it_goes_
 
 def test_graphs_that_cannot_be_assigned_raise_and_stay_unchanged():
     "A graph of modules (symbolic_trace) and a graph with nothing to assign raise. Fails on main: returned silently."
-    traced = torch.fx.symbolic_trace(_Experts())
+    traced = torch.fx.symbolic_trace(SmallExperts(d=64, hidden=128, experts=4))
     before = traced.code
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         with pytest.raises(AssignError, match=r"node experts_0_0 is a call_module"):
