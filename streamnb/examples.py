@@ -185,6 +185,33 @@ def backward_like(n_nodes: int, n_streams: int = 3) -> GraphModule:
         ev += 2
     return b.output(grad)
 
+# %% ../nbs/09_examples.ipynb #93e64e46
+def producer_consumer(sync: bool = True, wait_stream: int = 0, cons_stream: int = 0, keep: bool = True) -> GraphModule:
+    """`mul` on stream 1 read by `add` on `cons_stream`, after a record/wait pair (event 10, the wait on `wait_stream`)
+    if `sync`; `keep`: `mul` is an output too (not freed, and read by the caller on the current stream)."""
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    if sync:
+        b.sync(streams.record_event.default, 10, 1)
+        b.sync(streams.wait_event.default, 10, wait_stream)
+    a = b.op(aten.add.Tensor, m, x, stream=cons_stream)
+    return b.output(a, m) if keep else b.output(a)
+
+# %% ../nbs/09_examples.ipynb #ef472c65
+def side_read(fix: str | None = None, dealloc_stream: int = 0) -> GraphModule:
+    """`mul` on stream 0 read by `add` on stream 1 (event 10), then more work `neg` on stream 0: an unsafe reuse
+    unless `fix` is "record_stream", "sync_dealloc" (event 11, the free on `dealloc_stream`) or "both"."""
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=0)
+    if fix in ("record_stream", "both"): b.sync(streams.record_stream.default, m, 1)
+    b.sync(streams.record_event.default, 10, 0); b.sync(streams.wait_event.default, 10, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=1)
+    if fix in ("sync_dealloc", "both"):
+        b.sync(streams.record_event.default, 11, 1); b.sync(streams.sync_dealloc.default, 11, dealloc_stream, m)
+    n = b.op(aten.neg.default, x, stream=0)
+    b.sync(streams.record_event.default, 12, 1); b.sync(streams.wait_event.default, 12, 0)   # the caller reads add on 0
+    return b.output(a, n)
+
 # %% ../nbs/09_examples.ipynb #12ce50b2
 def dealloc_graph(remedy: str | None = None, *, events: tuple = (1, 2), tail: bool = False, side_input: bool = False,
                   record_stream_first: bool = False, shape: tuple = (4, 4)) -> GraphModule:
@@ -267,6 +294,18 @@ def old_value_after_join() -> GraphModule:
     old = b.op(aten.neg.default, x, stream=0, tag="is_forward")
     b.op(aten.copy_.default, x, new, tag="is_forward")
     return b.output(old)
+
+# %% ../nbs/09_examples.ipynb #1232bdb8
+def hoistable(mul_out: bool = True) -> GraphModule:
+    """`mul` on stream 1, recorded (event 5) and waited for on stream 0 by `neg`; `mul_out`: `mul` is an output too
+    (never freed, so no `sync_dealloc` is needed)."""
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.record_event.default, 5, 1)
+    b.sync(streams.wait_event.default, 5, 0)
+    neg = b.op(aten.neg.default, mul, stream=0)
+    return b.output(neg, mul) if mul_out else b.output(neg)
 
 # %% ../nbs/09_examples.ipynb #b41e2552
 def user_syncs() -> GraphModule:
