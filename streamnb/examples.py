@@ -406,6 +406,16 @@ def fan_out(s_first: int | None = 0, s_second: int | None = 2, device: str = "me
     c2 = b.op(aten.sin.default, p, stream=s_second)
     return b.output(c0, c2)
 
+# %% ../nbs/09_examples.ipynb #b2bb1376
+def same_stream_readers() -> GraphModule:
+    "`neg` on stream 1 read by `sin` and then `cos`, both on stream 0: one wait covers both."
+    b = GraphBuilder()
+    g = b.input("tangents_1")
+    p = b.op(aten.neg.default, g, stream=1)
+    c1 = b.op(aten.sin.default, p, stream=0)
+    c2 = b.op(aten.cos.default, p, stream=0)
+    return b.output(c1, c2)
+
 # %% ../nbs/09_examples.ipynb #814d8d20
 def three_way(shape: tuple = (4, 4)) -> GraphModule:
     "`p` on stream 1 read by `c0` on stream 0 and `c2` on stream 2: the seed's defects 1 and 2 on one producer."
@@ -433,6 +443,23 @@ def inference_fn(x, w):
     y = x.sin()
     with torch.fx.traceback.annotate({"stream": 1}): h = (y @ w).relu()   # reads y, made on the current stream
     return h + y
+
+# %% ../nbs/09_examples.ipynb #e18d1dc2
+class AnnotatedBackward(torch.autograd.Function):
+    "`x @ w` with a custom backward that runs the input gradient in an annotated region on stream 1."
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w); return x @ w
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        with torch.fx.traceback.annotate({"stream": 1}):
+            gx = g @ w.t()
+        return gx, x.t() @ g
+
+def annotated_backward(x, w):
+    "`relu(x @ w)` through `AnnotatedBackward`: a program whose only stream annotation is in a custom backward."
+    return torch.relu(AnnotatedBackward.apply(x, w))
 
 # %% ../nbs/21_strategies.ipynb #b3822645
 def five_nodes() -> GraphModule:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from streamnb.course import sync_exercise
-from streamnb.examples import cross_stream, fan_out
+from streamnb.examples import cross_stream, fan_out, same_stream_readers
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
@@ -73,12 +73,7 @@ def test_upstream_matches_the_seed_on_fan_out():
 
 
 def test_same_stream_second_consumer_needs_no_second_wait():
-    b = GraphBuilder()
-    g = b.input("tangents_1")
-    p = b.op(aten.neg.default, g, stream=1)
-    c1 = b.op(aten.sin.default, p, stream=0)
-    c2 = b.op(aten.cos.default, p, stream=0)
-    gm = run(b.output(c1, c2))
+    gm = run(same_stream_readers())
     assert len(gm.graph.find_nodes(op="call_function", target=WAIT)) == 1
 
 
