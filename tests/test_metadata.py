@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
-from streamnb.examples import mutate_join_mutate, mutate_then_event_join, old_value_after_join
+from streamnb.examples import mutate_join_mutate, mutate_then_event_join, mutate_then_join, old_value_after_join
 from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
@@ -200,13 +200,7 @@ def test_correction_19_mutation_spanning_a_barrier_is_refused(make, what, upstre
 
 def test_correction_19_a_write_back_correction_13_moves_is_not_refused():
     "The join covers the moved copy: the pipeline with full metadata goes through."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    gm = b.output(out)
+    gm = mutate_then_join()
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         run_stream_passes(gm, fw_metadata=mutation_meta(outside=False))
     check_write_backs(gm, mutation_meta(outside=False))
