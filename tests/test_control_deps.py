@@ -496,21 +496,21 @@ def chained_record():
     return b.output(a, c, mm)
 
 
-def dealloc_graph():
+def dealloc_side_input():
     "mul (stream 0) read with a stream-1 value (cos) by add on stream 1; freed after record(11, 1)."
     return examples.dealloc_graph("sync_dealloc", events=(10, 11), side_input=True)
 
 
-@pytest.mark.parametrize("make", [chained_record, dealloc_graph])
+@pytest.mark.parametrize("make", [chained_record, dealloc_side_input])
 @pytest.mark.parametrize("upstream", [True, False])
 def test_corrections_8_9_reorder_safe_only_by_default(make, upstream):
     gm = make(); wrap(gm, upstream=upstream)
     gm.graph.lint()
     assert sanitize(gm).ok                                   # program order is fine in both modes
     rep = sanitize(gm, reorder=True)
-    # dealloc_graph returns add (stream 1), joined to the current stream by the sync_dealloc on 0 that waits for
+    # dealloc_side_input returns add (stream 1), joined to the current stream by the sync_dealloc on 0 that waits for
     # record 11: the seed's hoistable sync_dealloc frees mul early *and* lets the caller's read of add race
-    seed_finds = 2 if make is dealloc_graph else 1
+    seed_finds = 2 if make is dealloc_side_input else 1
     assert rep.kinds == (["reorderable"] * seed_finds if upstream else []), str(rep)
 
 
@@ -527,7 +527,7 @@ def test_correction_8_record_chained_to_previous_sync(upstream):
 
 @pytest.mark.parametrize("upstream", [True, False])
 def test_correction_9_dealloc_reads_its_records_getitem(upstream):
-    gm = dealloc_graph(); wrap(gm, upstream=upstream)
+    gm = dealloc_side_input(); wrap(gm, upstream=upstream)
     rec10, wait10, rec11 = ctrls(gm)
     dealloc = next(n for n in gm.graph.nodes if n.target is DEALLOC)
     assert dealloc.args[2].args[0] is (rec10 if upstream else rec11)

@@ -28,7 +28,7 @@ logging.getLogger("torch._inductor.utils").setLevel(logging.ERROR)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def grad_acc():
+def grad_acc_of_products():
     "acc1 has a user on s2 (users win over args) -> s2; acc2 only feeds the output -> its first annotated arg, s1."
     b = GraphBuilder()
     x, g = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
@@ -91,7 +91,7 @@ def wait_stream():
 
 
 SCENARIOS = {f.__name__: (f, WRAP if f in (user_syncs, wait_stream) else PIPELINE)
-             for f in (cross_stream, grad_acc, multi_consumer, unannotated, timeline, cpu_device, user_syncs, wait_stream)}
+             for f in (cross_stream, grad_acc_of_products, multi_consumer, unannotated, timeline, cpu_device, user_syncs, wait_stream)}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -160,7 +160,7 @@ def test_default_mode_is_told_apart():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def three_streams(x, y):
+def three_stream_program(x, y):
     with fxt.annotate({"stream": 1}):
         a = x * y
     with fxt.annotate({"stream": 0}):
@@ -180,7 +180,7 @@ def upstream_sync(x, y):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("fn", [three_streams, upstream_sync])
+@pytest.mark.parametrize("fn", [three_stream_program, upstream_sync])
 def test_aot_joint_graph(fn, mode):
     x = torch.randn(4, 4, device="meta", requires_grad=True)
     y = torch.randn(4, 4, device="meta", requires_grad=True)
