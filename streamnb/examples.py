@@ -185,6 +185,282 @@ def backward_like(n_nodes: int, n_streams: int = 3) -> GraphModule:
         ev += 2
     return b.output(grad)
 
+# %% ../nbs/09_examples.ipynb #93e64e46
+def producer_consumer(sync: bool = True, wait_stream: int = 0, cons_stream: int = 0, keep: bool = True) -> GraphModule:
+    """`mul` on stream 1 read by `add` on `cons_stream`, after a record/wait pair (event 10, the wait on `wait_stream`)
+    if `sync`; `keep`: `mul` is an output too (not freed, and read by the caller on the current stream)."""
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)
+    if sync:
+        b.sync(streams.record_event.default, 10, 1)
+        b.sync(streams.wait_event.default, 10, wait_stream)
+    a = b.op(aten.add.Tensor, m, x, stream=cons_stream)
+    return b.output(a, m) if keep else b.output(a)
+
+# %% ../nbs/09_examples.ipynb #ef472c65
+def side_read(fix: str | None = None, dealloc_stream: int = 0) -> GraphModule:
+    """`mul` on stream 0 read by `add` on stream 1 (event 10), then more work `neg` on stream 0: an unsafe reuse
+    unless `fix` is "record_stream", "sync_dealloc" (event 11, the free on `dealloc_stream`) or "both"."""
+    b = GraphBuilder(); x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=0)
+    if fix in ("record_stream", "both"): b.sync(streams.record_stream.default, m, 1)
+    b.sync(streams.record_event.default, 10, 0); b.sync(streams.wait_event.default, 10, 1)
+    a = b.op(aten.add.Tensor, m, x, stream=1)
+    if fix in ("sync_dealloc", "both"):
+        b.sync(streams.record_event.default, 11, 1); b.sync(streams.sync_dealloc.default, 11, dealloc_stream, m)
+    n = b.op(aten.neg.default, x, stream=0)
+    b.sync(streams.record_event.default, 12, 1); b.sync(streams.wait_event.default, 12, 0)   # the caller reads add on 0
+    return b.output(a, n)
+
+# %% ../nbs/09_examples.ipynb #12ce50b2
+def dealloc_graph(remedy: str | None = None, *, events: tuple = (1, 2), tail: bool = False, side_input: bool = False,
+                  record_stream_first: bool = False, shape: tuple = (4, 4)) -> GraphModule:
+    """A block made on stream 0 and last read on stream 1 (after a record/wait pair of event `events[0]`), and the
+    `remedy` that keeps the allocator from reusing it too early: None, "record_stream" (eager's; before the read if
+    `record_stream_first`, else after it) or "sync_dealloc" (AOTAutograd's: record `events[1]` on stream 1 after the
+    read, the free on stream 0). The block is `mul`, read by `neg`, or by `add` with a stream-1 value `cos` if
+    `side_input`. `tail`: the nodes are named `t`, `r` and `u`, `u` more work on stream 0 after the read (a second
+    output, which may reuse the block)."""
+    if remedy not in (None, "record_stream", "sync_dealloc"):
+        raise ValueError(f"remedy must be None, 'record_stream' or 'sync_dealloc', got {remedy!r}")
+    name = (lambda s: s) if tail else (lambda s: None)
+    b = GraphBuilder(shape=shape)
+    x = b.input("x")
+    t = b.op(aten.mul.Tensor, x, x, stream=0, name=name("t"))
+    p1 = b.op(aten.cos.default, x, stream=1) if side_input else None
+    b.sync(streams.record_event.default, events[0], 0)
+    b.sync(streams.wait_event.default, events[0], 1)
+    if remedy == "record_stream" and record_stream_first: b.sync(streams.record_stream.default, t, 1)
+    r = b.op(aten.add.Tensor, t, p1, stream=1) if side_input else b.op(aten.neg.default, t, stream=1, name=name("r"))
+    if remedy == "record_stream" and not record_stream_first: b.sync(streams.record_stream.default, t, 1)
+    if remedy == "sync_dealloc":
+        b.sync(streams.record_event.default, events[1], 1)
+        b.sync(streams.sync_dealloc.default, events[1], 0, t)
+    return b.output(r, b.op(aten.neg.default, x, stream=0, name="u")) if tail else b.output(r)
+
+# %% ../nbs/09_examples.ipynb #83da1b68
+def grad_acc() -> GraphModule:
+    "The seed's scenario: `acc1 = g1 + g2` (streams 1 and 2) with a user on stream 2; `acc2 = g1 + g2` feeds only the output."
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    g1 = b.op(aten.neg.default, t, stream=1)
+    g2 = b.op(aten.sin.default, t, stream=2)
+    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
+    use = b.op(aten.mul.Tensor, acc1, t, stream=2)
+    acc2 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc2")
+    return b.output(use, acc2)
+
+# %% ../nbs/09_examples.ipynb #4ba98bdd
+def grad_acc_chain(user_stream: int | None = 2, busy_current: bool = False) -> GraphModule:
+    """`acc2 = (g1 + g2) + g3` (g1, g2 on stream 1, g3 on stream 2) read by `mm` on `user_stream`; `busy_current`: an
+    `exp` first on stream 0, the current stream."""
+    b = GraphBuilder()
+    t = b.input("tangents_1")
+    if busy_current: b.op(aten.exp.default, t, stream=0, name="exp")
+    g1 = b.op(aten.neg.default, t, stream=1)
+    g2 = b.op(aten.sin.default, t, stream=1)
+    g3 = b.op(aten.cos.default, t, stream=2)
+    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
+    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
+    return b.output(b.op(aten.mm.default, acc2, t, stream=user_stream))
+
+# %% ../nbs/09_examples.ipynb #aa2ac801
+def cross_stream() -> GraphModule:
+    "`mul` on stream 1 (of a gradient and a saved input) read by `add` on stream 0: the smallest graph that needs a sync."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    g = b.input("tangents_1")
+    mul = b.op(aten.mul.Tensor, g, x, stream=1)
+    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
+
+# %% ../nbs/09_examples.ipynb #c773fa7a
+def record_wait_graph(wait_stream: int = 0) -> GraphModule:
+    "`mul` on stream 1, recorded (event 100) and waited for on `wait_stream`, then read by `add` on stream 0."
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.record_event.default, 100, 1)
+    b.sync(streams.wait_event.default, 100, wait_stream)
+    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
+
+# %% ../nbs/09_examples.ipynb #ad7606be
+def old_value_after_join() -> GraphModule:
+    """A forward's input write-back (`copy_`) whose source `add` (stream 1) is joined by a `wait_stream`, and stream 0
+    reads the input's *old* value after the join: the copy cannot move above that read."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    old = b.op(aten.neg.default, x, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(old)
+
+# %% ../nbs/09_examples.ipynb #1232bdb8
+def hoistable(mul_out: bool = True) -> GraphModule:
+    """`mul` on stream 1, recorded (event 5) and waited for on stream 0 by `neg`; `mul_out`: `mul` is an output too
+    (never freed, so no `sync_dealloc` is needed)."""
+    b = GraphBuilder()
+    x = b.input("x")
+    mul = b.op(aten.mul.Tensor, x, x, stream=1)
+    b.sync(streams.record_event.default, 5, 1)
+    b.sync(streams.wait_event.default, 5, 0)
+    neg = b.op(aten.neg.default, mul, stream=0)
+    return b.output(neg, mul) if mul_out else b.output(neg)
+
+# %% ../nbs/09_examples.ipynb #b41e2552
+def user_syncs() -> GraphModule:
+    "A forward-like graph (no tags) with the user's own record (event 7, stream 1), wait (stream 2) and `synchronize_event`."
+    b = GraphBuilder()
+    x = b.input("x", tag=None)
+    y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
+    z = b.op(aten.mul.Tensor, y, y, stream=1, tag=None)
+    b.sync(streams.record_event.default, 7, 1)
+    a = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
+    b.sync(streams.wait_event.default, 7, 2)
+    w = b.op(aten.add.Tensor, z, a, stream=2, tag=None)
+    b.sync(streams.synchronize_event.default, 7)
+    return b.output(w, b.op(aten.neg.default, y, tag=None))
+
+# %% ../nbs/09_examples.ipynb #8086fc2e
+def transitive_wait_graph() -> GraphModule:
+    "`p`, `x` on stream 2; `y` on 0 reads `x`; `z` on 3 reads `y`, then `c` on 3 reads `p`: stream 3 knows `p` only through 0."
+    b = GraphBuilder()
+    x0 = b.input("x")
+    p = b.op(aten.relu.default, x0, stream=2, name="p"); x = b.op(aten.neg.default, p, stream=2, name="x")
+    y = b.op(aten.relu.default, x, stream=0, name="y")
+    z = b.op(aten.neg.default, y, stream=3, name="z"); c = b.op(aten.add.Tensor, z, p, stream=3, name="c")
+    return b.output(c)
+
+# %% ../nbs/09_examples.ipynb #d6f9e98c
+def mutate_then_join() -> GraphModule:
+    """PyTorch #197416's program: `x.add_(1)` on side stream 1, the program joins stream 0 to stream 1 (`wait_stream`),
+    stream 0 reads the new value, and the input's write-back (`copy_`) comes last, after the join."""
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(out)
+
+# %% ../nbs/09_examples.ipynb #564cb01d
+def mutate_join_mutate() -> GraphModule:
+    "`x.add_(1)` on stream 1, stream 0 joins it, `x.mul_(2)` on stream 0: traced `add`, the join, `mul(add, 2)`, `copy_`."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    v1 = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
+    v2 = b.op(aten.mul.Tensor, v1, v1, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, v2, tag="is_forward")
+    return b.output(v2)
+
+# %% ../nbs/09_examples.ipynb #2557737d
+def mutate_then_event_join() -> GraphModule:
+    "`mutate_then_join` with the join made by an event: stream 1 records event 5 after `add`, stream 0 waits for it."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
+    b.sync(streams.record_event.default, 5, 1, tag="is_forward")
+    b.sync(streams.wait_event.default, 5, 0, tag="is_forward")
+    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
+    b.op(aten.copy_.default, x, new, tag="is_forward")
+    return b.output(out)
+
+# %% ../nbs/09_examples.ipynb #a7a9b81b
+def epilogue(src_stream: int | None = 1, copy_stream: int | None = None) -> GraphModule:
+    "`mul = primals_1 * primals_1` on `src_stream`, then the write-back `copy_(primals_1, mul)` on `copy_stream`."
+    b = GraphBuilder()
+    x = b.input("primals_1", tag="is_forward")
+    new = b.op(aten.mul.Tensor, x, x, stream=src_stream, tag="is_forward")
+    cp = b.op(aten.copy_.default, x, new, stream=copy_stream, tag="is_forward")
+    return b.output(cp)
+
+# %% ../nbs/09_examples.ipynb #af2d6059
+def three_streams(waits: tuple = (1, 2)) -> GraphModule:
+    "Chapter 01's opening graph with its syncs; `waits`: the streams whose event stream 0 waits for before `add`."
+    g = GraphBuilder(); x, t = g.input("primals_1", tag="is_forward"), g.input("tangents_1")
+    mul = g.op(aten.mul.Tensor, t, x, stream=1); g.sync(streams.record_event.default, 101, 1)
+    mul_1 = g.op(aten.mul.Tensor, t, 2.0, stream=2); g.sync(streams.record_event.default, 102, 2)
+    for s in waits: g.sync(streams.wait_event.default, 100 + s, 0)
+    return g.output(g.op(aten.add.Tensor, mul, mul_1, stream=0, acc=True))
+
+# %% ../nbs/09_examples.ipynb #15c57742
+def cross_read(synced_too: bool) -> GraphModule:
+    """`a` (stream 1) read by `c` (stream 2) through a record/wait pair of the pass's shape; `synced_too=False`: and
+    by `d` (stream 3), unsynced."""
+    b = GraphBuilder()
+    x = b.input("tangents_1")
+    a = b.op(aten.relu.default, x, stream=1, name="a")
+    b.sync(streams.record_event.default, 40, 1)
+    b.sync(streams.wait_event.default, 40, 2)
+    c = b.op(aten.neg.default, a, stream=2, name="c")
+    return b.output(c) if synced_too else b.output(c, b.op(aten.sin.default, a, stream=3, name="d"))
+
+# %% ../nbs/09_examples.ipynb #b9f84e0c
+def fan_out(s_first: int | None = 0, s_second: int | None = 2, device: str = "meta") -> GraphModule:
+    "`neg` on stream 1 read by `mul` on `s_first`, then by `sin` on `s_second`: the seed waits only for the first."
+    b = GraphBuilder(device=device)
+    g = b.input("tangents_1")
+    p = b.op(aten.neg.default, g, stream=1)
+    c0 = b.op(aten.mul.Tensor, p, g, stream=s_first)
+    c2 = b.op(aten.sin.default, p, stream=s_second)
+    return b.output(c0, c2)
+
+# %% ../nbs/09_examples.ipynb #b2bb1376
+def same_stream_readers() -> GraphModule:
+    "`neg` on stream 1 read by `sin` and then `cos`, both on stream 0: one wait covers both."
+    b = GraphBuilder()
+    g = b.input("tangents_1")
+    p = b.op(aten.neg.default, g, stream=1)
+    c1 = b.op(aten.sin.default, p, stream=0)
+    c2 = b.op(aten.cos.default, p, stream=0)
+    return b.output(c1, c2)
+
+# %% ../nbs/09_examples.ipynb #814d8d20
+def three_way(shape: tuple = (4, 4)) -> GraphModule:
+    "`p` on stream 1 read by `c0` on stream 0 and `c2` on stream 2: the seed's defects 1 and 2 on one producer."
+    b = GraphBuilder(shape=shape)
+    x = b.input("x", tag="is_forward"); t = b.input("tangents_1")
+    p = b.op(aten.mul.Tensor, t, x, stream=1, name="p")
+    c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
+    c2 = b.op(aten.neg.default, p, stream=2, name="c2")
+    return b.output(c0, c2)
+
+# %% ../nbs/09_examples.ipynb #f733a3a0
+def big_and_small_branches() -> GraphModule:
+    "Four independent chains of three `neg`s on streams 1 to 4: two of 4M floats (`big1`, `big2`), two of 1024 (`small...`)."
+    b = GraphBuilder()
+    outs = []
+    for s, (name, n) in enumerate([("big1", 1 << 22), ("big2", 1 << 22), ("small1", 1024), ("small2", 1024)], start=1):
+        v = b.input(f"x_{name}", shape=(n,))
+        for j in range(3): v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
+        outs.append(v)
+    return b.output(*outs)
+
+# %% ../nbs/09_examples.ipynb #c0dfc03b
+def inference_fn(x, w):
+    "A program with no gradient: `y = sin(x)` on the current stream, read by `(y @ w).relu()` in an annotated stream-1 region."
+    y = x.sin()
+    with torch.fx.traceback.annotate({"stream": 1}): h = (y @ w).relu()   # reads y, made on the current stream
+    return h + y
+
+# %% ../nbs/09_examples.ipynb #e18d1dc2
+class AnnotatedBackward(torch.autograd.Function):
+    "`x @ w` with a custom backward that runs the input gradient in an annotated region on stream 1."
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w); return x @ w
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        with torch.fx.traceback.annotate({"stream": 1}):
+            gx = g @ w.t()
+        return gx, x.t() @ g
+
+def annotated_backward(x, w):
+    "`relu(x @ w)` through `AnnotatedBackward`: a program whose only stream annotation is in a custom backward."
+    return torch.relu(AnnotatedBackward.apply(x, w))
+
 # %% ../nbs/21_strategies.ipynb #b3822645
 def five_nodes() -> GraphModule:
     "Chapter 21's hand-made DAG: `a` and `b` feed `c`, which feeds `d` and `e`; `a` also feeds `e`. No streams."

@@ -281,7 +281,7 @@ def capture_joint(fn: Callable, *inputs: torch.Tensor, impl: str = "seed", mode:
             r = run(gm, *a, **k)
             if p == PIPELINE[-1]:
                 got["after"] = copy_gm(gm)
-                raise _Captured  # stop here: torch 2.13's partitioner may reject the wrapped graph (DESIGN #7)
+                raise _Captured  # stop: the passes' output is all we compare (torch 2.13's partitioner may reject it)
             return r
         return wrapped
 

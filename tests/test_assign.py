@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from streamnb.course import acc_exercise
+from streamnb.choosing import SmallExperts   # chapter 21b's wide model: four experts here
+from streamnb.examples import epilogue, grad_acc, grad_acc_chain, mutate_then_join
 from streamnb.assign import assign_backward_streams, assign_epilogue_copy_streams
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, get_stream, use_registry)
@@ -10,30 +12,6 @@ from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValErr
 
 def streams_of(gm):
     return {n.name: get_stream(n) for n in gm.graph.nodes if n.op == "call_function"}
-
-
-def grad_acc():
-    "The seed's scenario: acc1 = g1(s1)+g2(s2) with a user on s2; acc2 = g1+g2 used only by the output."
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    use = b.op(aten.mul.Tensor, acc1, t, stream=2)
-    acc2 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc2")
-    return b.output(use, acc2)
-
-
-def chain(user_stream=2):
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=1)
-    g3 = b.op(aten.cos.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
-    mm = b.op(aten.mm.default, acc2, t, stream=user_stream)
-    return b.output(mm)
 
 
 @pytest.mark.parametrize("upstream", [True, False])
@@ -44,16 +22,16 @@ def test_grad_acc_users_before_args(upstream):
 
 
 def test_reverse_walk_settles_chains():
-    gm = chain()
+    gm = grad_acc_chain()
     assign_backward_streams(gm)
     assert streams_of(gm)["acc1"] == 2 and streams_of(gm)["acc2"] == 2
-    gm = chain(user_stream=None)   # acc2 has no annotated user: its first annotated arg is g3 (acc1 is still None)
+    gm = grad_acc_chain(user_stream=None)   # acc2 has no annotated user: its first annotated arg is g3 (acc1 is still None)
     assign_backward_streams(gm)
     assert streams_of(gm)["acc1"] == 2 and streams_of(gm)["acc2"] == 2
 
 
 def test_both_modes_identical():
-    for make in (grad_acc, chain):
+    for make in (grad_acc, grad_acc_chain):
         a, b = make(), make()
         assign_backward_streams(a, upstream=True)
         assign_backward_streams(b)
@@ -114,14 +92,6 @@ def test_bad_stream_names_node_and_changes_nothing():
     assert [n.meta.get("custom") for n in accs] == [None, None]
 
 
-def epilogue(src_stream=1, copy_stream=None):
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.mul.Tensor, x, x, stream=src_stream, tag="is_forward")
-    cp = b.op(aten.copy_.default, x, new, stream=copy_stream, tag="is_forward")
-    return b.output(cp)
-
-
 @pytest.mark.parametrize("upstream", [True, False])
 def test_epilogue_copy_takes_source_stream(upstream):
     gm = epilogue(1, None)
@@ -167,7 +137,7 @@ def test_epilogue_second_run_noop():
 
 def test_against_torch_oracle():
     oracle = pytest.importorskip("oracle")
-    cases = [(grad_acc, "assign_backward_streams"), (chain, "assign_backward_streams"),
+    cases = [(grad_acc, "assign_backward_streams"), (grad_acc_chain, "assign_backward_streams"),
              (lambda: epilogue(None, 3), "assign_epilogue_copy_streams"), (epilogue, "assign_epilogue_copy_streams")]
     for make, p in cases:
         ref = oracle.run_torch(make(), (p,), impl="seed", mode="gpu", start=10)
@@ -175,21 +145,9 @@ def test_against_torch_oracle():
         assert oracle.mismatch(ref, ours) is None
 
 
-def _mutate_then_join():
-    "PyTorch #197416's program: `x.add_(1)` on side stream 1, the user joins stream 0 to stream 1, then returns."
-    from streamnb.graph import streams
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    return b.output(out)
-
-
 @pytest.mark.parametrize("upstream", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"))])
 def test_correction_13_write_back_before_the_join(upstream):
-    gm = _mutate_then_join()
+    gm = mutate_then_join()
     assign_epilogue_copy_streams(gm, upstream=upstream)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     assert names.index("copy_") < names.index("wait_stream_default")
@@ -265,27 +223,13 @@ def test_running_example_accumulations_and_seed_agree():
     assert canonical(gm) == canonical(seed)
 
 
-def _busy_chain():
-    "The chapter's `busy_current`: the chain behind a 4 µs `exp` on stream 0."
-    b = GraphBuilder()
-    t = b.input("tangents_1")
-    b.op(aten.exp.default, t, stream=0, name="exp")
-    g1 = b.op(aten.neg.default, t, stream=1)
-    g2 = b.op(aten.sin.default, t, stream=1)
-    g3 = b.op(aten.cos.default, t, stream=2)
-    acc1 = b.op(aten.add.Tensor, g1, g2, acc=True, name="acc1")
-    acc2 = b.op(aten.add.Tensor, acc1, g3, acc=True, name="acc2")
-    mm = b.op(aten.mm.default, acc2, t, stream=2)
-    return b.output(mm)
-
-
 def test_busy_current_picture_sum_moves_off_stream_0_and_makespan_drops():
     from streamnb.simulator import simulate
     from streamnb.syncs import insert_backward_syncs
     costs = {k: v / 1000 for k, v in {"exp": 4, "neg": 1, "sin": 1, "cos": 1, "acc1": 1, "acc2": 1, "mm": 3}.items()}
     out = []
     for assign in (False, True):
-        gm = _busy_chain()
+        gm = grad_acc_chain(busy_current=True)   # the chapter's busy_current: an exp of 4 µs first on stream 0
         if assign:
             assign_backward_streams(gm)
         insert_backward_syncs(gm)
@@ -380,7 +324,6 @@ def test_correction_13_never_moves_a_copy_above_a_write_of_its_source():
 import copy
 import functools
 
-import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import assert_close
 
@@ -394,22 +337,12 @@ from streamnb.sanitizer import sanitize
 from streamnb.strategies import AssignError, compute_dag, min_chain_cover
 
 
-class _Experts(nn.Module):
-    "Four independent Linear-GELU-Linear experts on one input, summed: parallel branches in an inference graph."
-    def __init__(self, d=64, hidden=128, experts=4):
-        super().__init__()
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
-                                     for _ in range(experts))
-
-    def forward(self, x): return sum(e(x) for e in self.experts)
-
-
 @functools.lru_cache(maxsize=None)
 def forward_graph(name):
     "(graph, its inputs, the outputs it must give): a capture's forward, or a make_fx inference graph on the meta device."
     if name == "make_fx_experts":
         torch.manual_seed(0)
-        m, x = _Experts().eval(), torch.randn(32, 64)
+        m, x = SmallExperts(d=64, hidden=128, experts=4).eval(), torch.randn(32, 64)
         with torch.no_grad():
             gm = on_device(make_fx(m)(x), "meta")   # CPU values get no syncs (one CPU stream): a device graph
             return gm, [x], [m(x)]
@@ -463,7 +396,7 @@ def test_streamnb_on_a_forward_is_strictly_faster_than_one_stream_where_it_goes_
 
 def test_graphs_that_cannot_be_assigned_raise_and_stay_unchanged():
     "A graph of modules (symbolic_trace) and a graph with nothing to assign raise. Fails on main: returned silently."
-    traced = torch.fx.symbolic_trace(_Experts())
+    traced = torch.fx.symbolic_trace(SmallExperts(d=64, hidden=128, experts=4))
     before = traced.code
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         with pytest.raises(AssignError, match=r"node experts_0_0 is a call_module"):

@@ -12,6 +12,7 @@ from torch.testing import assert_close
 from streamnb.capturing import capture, eager
 from streamnb.choosing import (STRATEGIES, assign_streams, judge, judge_one, process_capture, table_graphs,
                                without_syncs)
+from streamnb.examples import transitive_wait_graph
 from streamnb.exercises import count_syncs
 from streamnb.minsync import (fewest_syncs_exercise, minimize_syncs, redundant_wait_graph, redundant_waits,
                               run_passes_fewest_syncs)
@@ -322,16 +323,6 @@ def test_moe_block_streamnb_choice_is_sanitizer_clean(side_streams):
     assert row.streams > 1
     assert row.sanitizer_ok, getattr(row, "sanitizer_error", "main's Row has no sanitizer_error")
     assert row.sanitizer_error is None
-
-
-def transitive_wait_graph():
-    "p, x on stream 2; y on 0 reads x; z on 3 reads y, then c on 3 reads p: stream 3 knows p only through stream 0."
-    b = GraphBuilder()
-    x0 = b.input("x")
-    p = b.op(aten.relu.default, x0, stream=2, name="p"); x = b.op(aten.neg.default, p, stream=2, name="x")
-    y = b.op(aten.relu.default, x, stream=0, name="y")
-    z = b.op(aten.neg.default, y, stream=3, name="z"); c = b.op(aten.add.Tensor, z, p, stream=3, name="c")
-    return b.output(c)
 
 
 def test_a_transitively_covered_wait_is_kept_and_the_result_is_reorder_safe():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from test_compile import assert_eager, compile_and_run
+from streamnb.examples import annotated_backward
 from streamnb.capturing import capture, cpu_streams
 from streamnb.cli import main
 from streamnb.compiling import DynamoRegistry, tag_custom_backward
@@ -35,16 +36,6 @@ class MatmulFunction(torch.autograd.Function):
         ctx.save_for_backward(x, w); return x @ w
 
 
-class AnnotatedBackward(MatmulFunction):
-    "A custom backward that runs the input gradient in an annotated region on stream 1."
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        with torch.fx.traceback.annotate({"stream": 1}):
-            gx = g @ w.t()
-        return gx, x.t() @ g
-
-
 class StreamBackward(MatmulFunction):
     "A custom backward with a stream object, joined back with `wait_stream` (a user sync inside the backward)."
     @staticmethod
@@ -56,7 +47,6 @@ class StreamBackward(MatmulFunction):
         return gx, x.t() @ g
 
 
-def annotated(x, w): return torch.relu(AnnotatedBackward.apply(x, w))
 def with_stream(x, w): return torch.relu(StreamBackward.apply(x, w))
 
 
@@ -73,9 +63,9 @@ def stream_ops(gm) -> list[str]:
 def test_custom_backward_gets_explains_syncs(upstream):
     "Fails on main: the compiled backward has no stream op (0 syncs), explain reports 2 (seed) / 4 (default)."
     xs = inputs()
-    want = explain(annotated, *xs, check=False).modes["upstream" if upstream else "default"].backward
-    sw, graphs, out, grads, _ = compile_and_run(annotated, xs, cpu_as="meta", upstream=upstream)
-    assert_eager(annotated, xs, out, grads, {})
+    want = explain(annotated_backward, *xs, check=False).modes["upstream" if upstream else "default"].backward
+    sw, graphs, out, grads, _ = compile_and_run(annotated_backward, xs, cpu_as="meta", upstream=upstream)
+    assert_eager(annotated_backward, xs, out, grads, {})
     got = graphs["backward"][0]
     assert count_syncs(want) > 0
     assert count_syncs(got) == count_syncs(want)
@@ -89,7 +79,7 @@ def test_custom_backward_with_stream_object(upstream):
     xs = inputs()
     with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta", upstream=upstream)
-    assert_eager(annotated, xs, out, grads, {})
+    assert_eager(annotated_backward, xs, out, grads, {})
     bw, joint = graphs["backward"][0], sw.graphs[0]
     kinds = stream_ops(bw)
     assert "record_event" in kinds and "wait_event" in kinds and "wait_stream" in kinds
@@ -101,7 +91,7 @@ def test_custom_backward_with_stream_object(upstream):
 def test_custom_backward_is_race_free_in_default_mode():
     "Fails on main: the sanitizer finds the race between `threshold_backward` (current stream) and `g @ w.t()` (S)."
     xs = inputs()
-    for fn, ctx in ((annotated, contextlib.nullcontext), (with_stream, cpu_streams)):
+    for fn, ctx in ((annotated_backward, contextlib.nullcontext), (with_stream, cpu_streams)):
         with ctx():
             sw, graphs, *_ = compile_and_run(fn, xs, cpu_as="meta")
         report = sanitize(graphs["backward"][0], registry=sw.registries[0])
@@ -115,7 +105,7 @@ def test_tags_only_the_untagged_backward():
     plain = capture(two_blocks, *two_blocks_inputs(), frontend="dynamo").joint
     assert tag_custom_backward(plain) == []
     xs = inputs()
-    sw, *_ = compile_and_run(annotated, xs, cpu_as="meta")
+    sw, *_ = compile_and_run(annotated_backward, xs, cpu_as="meta")
     joint = sw.graphs[0]
     side = sw.renumbered[0].get(1, 1)   # the region's stream 1, as dynamo registered it
     body = [n for n in joint.graph.nodes if (n.meta.get("custom") or {}).get("stream") == side]
@@ -130,7 +120,7 @@ def test_control_deps_have_vals_in_default_mode():
     xs = inputs()
     with cpu_streams():   # traced as on an accelerator: the ambient current stream is index 0
         sw, graphs, out, grads, _ = compile_and_run(with_stream, xs, cpu_as="meta")
-    assert_eager(annotated, xs, out, grads, {})
+    assert_eager(annotated_backward, xs, out, grads, {})
     ctrls = [n for n in sw.graphs[0].graph.nodes if is_control_deps(n)]
     assert ctrls and all("val" in n.meta for n in ctrls)
 
@@ -171,7 +161,7 @@ def test_current_stream_index_in_both_modes():
         sw, *_ = compile_and_run(join_on_current, (x,), cpu_as="meta", upstream=True)
     reg = sw.registries[0]
     assert reg.pinned_current is None and 0 in reg.current_streams
-    sw, *_ = compile_and_run(annotated, inputs(), cpu_as="meta")
+    sw, *_ = compile_and_run(annotated_backward, inputs(), cpu_as="meta")
     reg = sw.registries[0]
     assert reg.pinned_current not in (None, 0) and 0 not in reg.current_streams
     assert isinstance(reg, DynamoRegistry)

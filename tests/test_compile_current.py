@@ -7,20 +7,13 @@ import warnings
 import pytest
 
 import torch
-import torch.fx.traceback as fxt
 
+from streamnb.examples import inference_fn
 from streamnb.cpustreams import cpu_streams
 from streamnb.compiling import executor_backend, explain_compiled, use_streamnb_passes
 from streamnb.graph import get_stream
 
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-
-
-def annotated(x, w):
-    y = x.sin()
-    with fxt.annotate({"stream": 1}):   # a compiler-owned stream: nothing orders it after y, nor add after it
-        h = (y @ w).relu()
-    return h + y
 
 
 def compiled(fn, *xs, grad=False, **switch):
@@ -45,7 +38,7 @@ def unsynced(monkeypatch):
 def test_inference_no_current_stream_is_never_a_program_stream(monkeypatch):
     unsynced(monkeypatch)
     with torch.no_grad():
-        sw, graphs = compiled(annotated, torch.randn(8, 8), torch.randn(8, 8))
+        sw, graphs = compiled(inference_fn, torch.randn(8, 8), torch.randn(8, 8))
     (reg,), (renum,) = sw.registries, sw.renumbered
     assert reg.pinned_current is None and not reg.current_streams and renum == {1: 0}   # the way that was blind
     fw = graphs["forward"][0]
@@ -57,7 +50,7 @@ def test_inference_no_current_stream_is_never_a_program_stream(monkeypatch):
 def test_training_the_pinned_current_stream(monkeypatch):
     unsynced(monkeypatch)
     x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
-    sw, graphs = compiled(annotated, x, w, grad=True)
+    sw, graphs = compiled(inference_fn, x, w, grad=True)
     (reg,), (renum,) = sw.registries, sw.renumbered
     assert reg.pinned_current is not None and reg.pinned_current not in renum.values()
     races = [(e.kind, e.nodes) for e in sw.explain(graphs).reports["forward 0"].errors if e.kind == "race"]
@@ -70,14 +63,14 @@ def test_correction_24_annotate_regions_get_the_forwards_syncs(grad):
     xs = (torch.randn(8, 8, requires_grad=grad), torch.randn(8, 8, requires_grad=grad))
     for upstream in (False, True):
         with torch.set_grad_enabled(grad):
-            sw, graphs = compiled(annotated, *xs, grad=grad, upstream=upstream)
+            sw, graphs = compiled(inference_fn, *xs, grad=grad, upstream=upstream)
         fw = sw.explain(graphs).reports["forward 0"].errors
         assert (fw == []) is (not upstream), fw
         if upstream: assert ("race", ("mm", "sin")) in [(e.kind, e.nodes) for e in fw]
     torch._dynamo.reset()
     with torch.set_grad_enabled(grad), use_streamnb_passes(cpu_as="meta"):   # the default equals eager
-        out = torch.compile(annotated, backend=executor_backend({}))(*xs)
-    torch.testing.assert_close(out, annotated(*xs))
+        out = torch.compile(inference_fn, backend=executor_backend({}))(*xs)
+    torch.testing.assert_close(out, inference_fn(*xs))
 
 
 def test_correction_25_an_inference_graphs_frees_are_protected(monkeypatch):

@@ -14,6 +14,8 @@ from torch._functorch._aot_autograd import streams as torch_streams
 import graphgen
 
 SEED_FAILS = pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="the seed's defect"), id="upstream")
+import streamnb.examples as examples
+from streamnb.examples import hoistable
 from streamnb.course import control_deps_exercise
 from streamnb.control_deps import EmptyGraphError, wrap_all_sync_nodes_with_control_deps as wrap
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, StreamAnnotationError, StreamnbError,
@@ -66,15 +68,6 @@ def fwd_record_wait(consumer_reads_waiting_value=True):
     out = b.op(aten.add.Tensor, y, z, stream=2, tag=None) if consumer_reads_waiting_value else \
         b.op(aten.neg.default, y, stream=2, tag=None)
     return b.output(out, z) if not consumer_reads_waiting_value else b.output(out)
-
-
-def hoistable():
-    b = GraphBuilder()
-    x = b.input("x")
-    mul = b.op(aten.mul.Tensor, x, x, stream=1)
-    b.sync(REC, 5, 1)
-    b.sync(WAIT, 5, 0)
-    return b.output(b.op(aten.neg.default, mul, stream=0))
 
 
 def two_waits_one_event():
@@ -135,7 +128,7 @@ def torch_wrap(gm):
 SEED_RIGHT = [fwd_record_wait, lambda: backward_sync(dealloc=False)]
 
 
-@pytest.mark.parametrize("make", SEED_RIGHT + [hoistable, two_waits_one_event, lambda: fwd_record_wait(False),
+@pytest.mark.parametrize("make", SEED_RIGHT + [lambda: hoistable(mul_out=False), two_waits_one_event, lambda: fwd_record_wait(False),
                                   joint_record_wait])
 def test_upstream_matches_torch(make):
     ours = make(); wrap(ours, upstream=True)
@@ -226,14 +219,14 @@ def move_before_last_ctrl(gm, name):
 
 
 def test_seed_allows_hoisting_consumer_above_wait():
-    gm = hoistable(); wrap(gm, upstream=True)
+    gm = hoistable(mul_out=False); wrap(gm, upstream=True)
     neg = node(gm, "neg")
     assert ctrls(gm)[1] not in ancestors(neg)
     move_before_last_ctrl(gm, "neg")   # lints: a legal reordering that races
 
 
 def test_correction_6_consumer_depends_on_wait():
-    gm = hoistable(); wrap(gm)
+    gm = hoistable(mul_out=False); wrap(gm)
     rec, wait = ctrls(gm)
     neg = node(gm, "neg")
     assert neg.args[0].args[0] is wait
@@ -503,30 +496,21 @@ def chained_record():
     return b.output(a, c, mm)
 
 
-def dealloc_graph():
-    "mul (stream 0) read with a stream-1 value on stream 1; freed after record(11, 1)."
-    b = GraphBuilder()
-    x = b.input("x")
-    mul = b.op(aten.mul.Tensor, x, x, stream=0)
-    p1 = b.op(aten.cos.default, x, stream=1)
-    b.sync(REC, 10, 0)
-    b.sync(WAIT, 10, 1)
-    b.op(aten.add.Tensor, mul, p1, stream=1)
-    b.sync(REC, 11, 1)
-    b.sync(DEALLOC, 11, 0, mul)
-    return b.output(node(b.gm, "add"))
+def dealloc_side_input():
+    "mul (stream 0) read with a stream-1 value (cos) by add on stream 1; freed after record(11, 1)."
+    return examples.dealloc_graph("sync_dealloc", events=(10, 11), side_input=True)
 
 
-@pytest.mark.parametrize("make", [chained_record, dealloc_graph])
+@pytest.mark.parametrize("make", [chained_record, dealloc_side_input])
 @pytest.mark.parametrize("upstream", [True, False])
 def test_corrections_8_9_reorder_safe_only_by_default(make, upstream):
     gm = make(); wrap(gm, upstream=upstream)
     gm.graph.lint()
     assert sanitize(gm).ok                                   # program order is fine in both modes
     rep = sanitize(gm, reorder=True)
-    # dealloc_graph returns add (stream 1), joined to the current stream by the sync_dealloc on 0 that waits for
+    # dealloc_side_input returns add (stream 1), joined to the current stream by the sync_dealloc on 0 that waits for
     # record 11: the seed's hoistable sync_dealloc frees mul early *and* lets the caller's read of add race
-    seed_finds = 2 if make is dealloc_graph else 1
+    seed_finds = 2 if make is dealloc_side_input else 1
     assert rep.kinds == (["reorderable"] * seed_finds if upstream else []), str(rep)
 
 
@@ -543,7 +527,7 @@ def test_correction_8_record_chained_to_previous_sync(upstream):
 
 @pytest.mark.parametrize("upstream", [True, False])
 def test_correction_9_dealloc_reads_its_records_getitem(upstream):
-    gm = dealloc_graph(); wrap(gm, upstream=upstream)
+    gm = dealloc_side_input(); wrap(gm, upstream=upstream)
     rec10, wait10, rec11 = ctrls(gm)
     dealloc = next(n for n in gm.graph.nodes if n.target is DEALLOC)
     assert dealloc.args[2].args[0] is (rec10 if upstream else rec11)
@@ -864,7 +848,7 @@ def test_no_sync_no_recompile(monkeypatch):
     monkeypatch.setattr(gm, "recompile", lambda: calls.append(1))
     wrap(gm)
     assert calls == []
-    gm2 = hoistable()
+    gm2 = hoistable(mul_out=False)
     monkeypatch.setattr(gm2, "recompile", lambda: calls.append(1))
     wrap(gm2)
     assert calls == [1]
@@ -1108,7 +1092,7 @@ def test_empty_graph():
 
 
 def test_bad_annotation_leaves_graph_unchanged():
-    gm = hoistable()
+    gm = hoistable(mul_out=False)
     node(gm, "neg").meta["custom"] = {"stream": "x"}
     before = [n.name for n in gm.graph.nodes]
     with pytest.raises(StreamAnnotationError, match="node neg"):
@@ -1126,7 +1110,7 @@ def test_second_run_is_a_noop(upstream):
 
 
 def test_graph_wrapped_by_torch_is_left_alone():
-    gm = torch_wrap(hoistable())
+    gm = torch_wrap(hoistable(mul_out=False))
     before = canonical(gm)
     with pytest.warns(AlreadyProcessedWarning, match="control_deps"):
         wrap(gm)
@@ -1221,11 +1205,11 @@ def test_hoist_above_moves_what_the_node_needs_and_refuses_a_dependent():
 
 
 def test_hoist_above_the_wait_is_legal_for_the_seed_only():
-    up = hoistable(); wrap(up, upstream=True)
+    up = hoistable(mul_out=False); wrap(up, upstream=True)
     hoist_above(up, "neg", ctrls(up)[1])
     names = [n.name for n in up.graph.nodes]
     assert names.index("neg") < names.index(ctrls(up)[1].name)
-    gm = hoistable(); wrap(gm)
+    gm = hoistable(mul_out=False); wrap(gm)
     with pytest.raises(HoistError):
         hoist_above(gm, "neg", ctrls(gm)[1])
 
@@ -1234,12 +1218,12 @@ def test_hoist_above_the_wait_is_legal_for_the_seed_only():
 def test_wrap_by_hand_gives_the_pass_graph(upstream):
     deps = {"record_event_default": ["mul"],
             "wait_event_default": ["record_event_default"] + ([] if upstream else ["mul"])}
-    ref = hoistable(); wrap(ref, upstream=upstream)
-    assert canonical(wrap_by_hand(hoistable(), deps)) == canonical(ref)
+    ref = hoistable(mul_out=False); wrap(ref, upstream=upstream)
+    assert canonical(wrap_by_hand(hoistable(mul_out=False), deps)) == canonical(ref)
 
 
 def test_wrap_by_hand_refuses_before_any_change():
-    gm = hoistable()
+    gm = hoistable(mul_out=False)
     before = canonical(gm)
     with pytest.raises(StreamnbError, match="node wait_event_default: its dep neg"):
         wrap_by_hand(gm, {"record_event_default": ["mul"], "wait_event_default": ["neg"]})

@@ -14,19 +14,10 @@ from streamnb.graph import GraphBuilder, StreamRegistry, StreamnbError, UnknownE
 from streamnb.simulator import Timeline
 from streamnb.cuda import FakeBackend, StreamInterpreter, compare_timelines, measure, measure_capture, run, run_capture
 from streamnb.cuda_demos import memory_demo, overlap_demo, processed, race_demo
-from streamnb.examples import make_model, matmul_chains, missing_wait_graph, side_stream_last_use
+from streamnb.examples import make_model, matmul_chains, record_wait_graph, missing_wait_graph, side_stream_last_use
 
 aten = torch.ops.aten
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def record_wait_graph(wait_stream=0):
-    b = GraphBuilder()
-    x = b.input("x")
-    mul = b.op(aten.mul.Tensor, x, x, stream=1)
-    b.sync(streams.record_event.default, 100, 1)
-    b.sync(streams.wait_event.default, 100, wait_stream)
-    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
 
 
 # ---------------------------------------------------------------------------------------------------------------

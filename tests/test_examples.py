@@ -80,3 +80,26 @@ def test_streamnb_timeline_is_clean_at_no_cost(seed, ours):
 def test_examples_import_only_the_graph():
     "The shared examples sit low (the chapters' exercises, which use the passes, are in `streamnb.course`)."
     assert modules_loaded_by("examples") == {"examples", "graph", "fastfx", "torchprivate"}
+
+
+def test_a_shared_graph_is_defined_once():
+    """A graph, model or program of `streamnb.examples` is defined there only: no chapter and no test writes a copy of
+    it under its name (a chapter imports it; a variant is a keyword argument of the one builder)."""
+    import inspect
+    import json
+    import re
+    from pathlib import Path
+    import streamnb.examples as ex
+    root = Path(__file__).resolve().parent.parent
+    names = [n for n, f in vars(ex).items() if (inspect.isfunction(f) or inspect.isclass(f))
+             and f.__module__ == ex.__name__ and not n.startswith("_")]
+    assert {"dealloc_graph", "cross_stream", "inference_fn"} <= set(names)
+    exporting = {p.stem for p in (root / "nbs").glob("*.ipynb") if re.search(r"#\|\s*(default_exp|export) examples\b",
+                                                                              p.read_text())}
+    copies = []
+    for p in sorted((root / "nbs").glob("*.ipynb")) + sorted((root / "tests").glob("*.py")):
+        if p.stem in exporting: continue
+        text = (p.read_text() if p.suffix == ".py" else
+                "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "code"))
+        copies += [f"{p.name}: {n}" for n in names if re.search(rf"^(def|class) {n}\b", text, re.M)]
+    assert not copies, copies

@@ -1,15 +1,13 @@
 """streamnb.exercises: the solution passes, and each kind of wrong answer is caught with the problem named. The
 exercises are built on the primer's graphs (`streamnb.primer`, chapter 00), not on graphs of their own."""
 import re
-import subprocess
-import sys
 from functools import partial
 
 import pytest
 import torch
 
 import streamnb.exercises as exmod
-from loads import modules_loaded_by
+from loads import modules_loaded_by, run_fresh
 from streamnb.exercises import Exercise, Grade, check, count_syncs, insert, move, remove
 from streamnb.graph import GraphBuilder, StreamnbError, canonical, streams
 from streamnb.primer import ABC_COST, REUSE_COST, abc_graph, reuse_graph
@@ -180,9 +178,7 @@ def test_course_sits_on_top():
             "for m in pkgutil.iter_modules(streamnb.__path__):\n"
             "    if m.name != 'course': importlib.import_module('streamnb.' + m.name)\n"
             "print('streamnb.course' in sys.modules)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines()[-1] == "False"
+    assert run_fresh(code).splitlines()[-1] == "False"
 
 
 # --- every exercise of the course: the worked solution passes, and the wrong answers learners give are caught, each

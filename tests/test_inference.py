@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import torch
-import torch.fx.traceback as fxt
 
+from streamnb.examples import inference_fn
 from streamnb.capturing import FORWARD_ONLY_PASSES, capture, eager, forward_only_passes
 from streamnb.choosing import assign_streams
 from streamnb.cli import main
@@ -27,13 +27,6 @@ from streamnb.streamops import decode
 from streamnb.tracing import NoGradError
 
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-
-
-def annotated(x, w):
-    y = x.sin()
-    with fxt.annotate({"stream": 1}):   # a compiler-owned stream that reads y, made on the current stream
-        h = (y @ w).relu()
-    return h + y
 
 
 def objects(record: bool = True, join: bool = True):
@@ -69,7 +62,7 @@ def test_capture_of_a_program_with_no_gradient(how):
     grad = how != "nothing requires grad"
     ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(how, contextlib.nullcontext)
     with ctx():
-        a = capture(annotated, x, w.requires_grad_(grad), frontend="aot")
+        a = capture(inference_fn, x, w.requires_grad_(grad), frontend="aot")
         with cpu_streams(): d = capture(objects(), x, w, frontend="dynamo")
     for c, frontend in ((a, "aot"), (d, "dynamo")):
         assert c.inference and c.backward is None and c.joint is c.forward and c.frontend == frontend
@@ -98,7 +91,7 @@ def test_run_and_eager_give_outputs_and_no_grads():
 
 
 def test_process_upstream_runs_what_aotautograd_runs_on_an_inference_graph():
-    c = capture(annotated, *XS())
+    c = capture(inference_fn, *XS())
     up, de = c.process(upstream=True), c.process()
     assert up.forward.meta["streamnb_passes"] == [p for p in FORWARD_ONLY_PASSES if p != "populate_fw_metadata_with_stream_indices"]
     assert de.forward.meta["streamnb_passes"] == ["assign_epilogue_copy_streams", "sync_deallocations",
@@ -114,7 +107,7 @@ def test_process_upstream_runs_what_aotautograd_runs_on_an_inference_graph():
 @pytest.mark.parametrize("kind", ["annotate", "objects"])
 def test_capture_default_is_what_the_switch_does_to_an_inference_graph(kind):
     # one rule for both places: the processed capture and the compiled graph have the same passes, syncs and verdicts
-    fn = annotated if kind == "annotate" else objects(record=False)
+    fn = inference_fn if kind == "annotate" else objects(record=False)
     xs = XS()
     with cpu_streams(), torch.no_grad():
         de = capture(fn, *xs).process()
@@ -133,7 +126,7 @@ def test_capture_default_is_what_the_switch_does_to_an_inference_graph(kind):
 # --- corrections 24 and 25 through capture and explain --------------------------------------------------------------
 
 def test_correction_24_through_explain_annotate_regions_get_forward_syncs():
-    ex = explain(annotated, *XS())
+    ex = explain(inference_fn, *XS())
     up, de = ex.modes["upstream"].forward_report, ex.modes["default"].forward_report
     assert ("race", ("mm", "sin")) in [(e.kind, e.nodes) for e in up.errors] and de.errors == []
 
@@ -249,7 +242,7 @@ def test_current_stream_fresh_index_for_annotate_inference():
     # no ambient stream (plain torch.compile, no cpu_streams), the seed's mode: the region is dynamo's stream 0 and the
     # judge's current stream is a fresh index, so the 5 errors of the unsynced region are found (its read of an input,
     # made on the caller's stream, with them)
-    sw, graphs = _compiled(annotated, upstream=True, objects_style=False)
+    sw, graphs = _compiled(inference_fn, upstream=True, objects_style=False)
     assert verdicts(explain_compiled(graphs).reports["forward 0"]) == verdicts(sw.explain(graphs).reports["forward 0"])
     assert len(sw.explain(graphs).reports["forward 0"].errors) == 5
 

@@ -220,7 +220,7 @@ def test_in_place_writes_in_generated_graphs():
 
 # --- epilogue copy_ ordered along data edges (correction 6, for correction 10's syncs) -------------------------------
 
-def epilogue(src_is_tangent=True):
+def tangent_write_back(src_is_tangent=True):
     b = GraphBuilder()
     x = b.input("primals_2", tag="is_forward")
     g = b.input("tangents_1")
@@ -233,7 +233,7 @@ def epilogue(src_is_tangent=True):
 
 @pytest.mark.parametrize("src_is_tangent", [True, False])
 def test_correction_6_epilogue_copy_war_holds_along_data_edges(src_is_tangent):
-    gm, reg = passes(epilogue(src_is_tangent))
+    gm, reg = passes(tangent_write_back(src_is_tangent))
     assert sanitize(gm, registry=reg, reorder=True).ok
     copy = next(n for n in gm.graph.nodes if n.target is aten.copy_.default)
     wait = copy.args[1].args[0]   # the copy's source is read through the last wait before it
@@ -261,7 +261,7 @@ def test_epilogue_copy_war_generated_under_reorder():
 
 # --- keyword and packet forms; unknown and malformed stream ops ------------------------------------------------------
 
-def user_syncs(form):
+def record_wait_in_form(form):
     "`mul` on stream 1, recorded as event 7; stream 0 waits for it and `neg` reads `mul`; the syncs in `form`."
     b = GraphBuilder()
     x = b.input("x")
@@ -277,7 +277,7 @@ def user_syncs(form):
 
 @pytest.mark.parametrize("form", ["positional", "keyword", "packet"])
 def test_wrap_reads_every_form(form):
-    gm = user_syncs(form)
+    gm = record_wait_in_form(form)
     reg = StreamRegistry(start=10, current_stream=0)
     with use_registry(reg): wrap(gm)
     assert len([n for n in gm.graph.nodes if is_control_deps(n)]) == 2   # both syncs wrapped
@@ -288,7 +288,7 @@ def test_wrap_reads_every_form(form):
 @pytest.mark.parametrize("upstream", [SEED_FAILS, False])
 def test_correction_11_packet_form_is_wrapped(upstream):
     # the seed's `node.target in _SYNC_OPS` misses `torch.ops.streams.wait_event` (the packet): left bare, `neg` floats
-    gm = user_syncs("packet")
+    gm = record_wait_in_form("packet")
     reg = StreamRegistry(start=10, current_stream=0)
     with use_registry(reg): wrap(gm, upstream=upstream)
     assert sanitize(gm, registry=reg, reorder=True).ok
@@ -296,7 +296,7 @@ def test_correction_11_packet_form_is_wrapped(upstream):
 
 def test_seed_wrap_reads_the_keyword_form():
     # the seed reads node.args[0] and fails with an IndexError half-way; upstream=True reads it as the positional form
-    a, b = user_syncs("keyword"), user_syncs("positional")
+    a, b = record_wait_in_form("keyword"), record_wait_in_form("positional")
     for gm in (a, b):
         with use_registry(StreamRegistry(start=10, current_stream=0)): wrap(gm, upstream=True)
     deps = lambda gm: [tuple(d.name for d in n.args[0]) for n in gm.graph.nodes if is_control_deps(n)]

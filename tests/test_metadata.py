@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.fx import GraphModule
 
+from streamnb.examples import mutate_join_mutate, mutate_then_event_join, mutate_then_join, old_value_after_join
 from streamnb.course import WRAPPER_COST, with_wrapper, wrapper_exercise, wrapper_exercise_solution
 from streamnb.graph import GraphBuilder, StreamAnnotationError, StreamnbError, aten
 from streamnb.metadata import MissingOutputError, populate_fw_metadata_with_stream_indices
@@ -192,28 +193,6 @@ def test_correction_19_reads_a_wrapped_graph():
             run_stream_passes(gm, fw_metadata=meta, passes=("wrap_all_sync_nodes_with_control_deps",))
 
 
-def mutate_join_mutate():
-    "`x.add_(1)` on stream 1, stream 0 joins stream 1, `x.mul_(2)` on stream 0, as functionalization writes it."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    v1 = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    v2 = b.op(aten.mul.Tensor, v1, v1, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, v2, tag="is_forward")
-    return b.output(v2)
-
-
-def old_value_after_join():
-    "The write-back's source precedes the join, but stream 0 reads the input's old value after it."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    old = b.op(aten.neg.default, x, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    return b.output(old)
-
-
 @pytest.mark.parametrize("upstream", [False, SEED_SILENT])
 @pytest.mark.parametrize("make, what", [(mutate_join_mutate, "add, a version of the input"),
                                         (old_value_after_join, "neg still uses the input's old value")])
@@ -227,13 +206,7 @@ def test_correction_19_mutation_spanning_a_barrier_is_refused(make, what, upstre
 
 def test_correction_19_a_write_back_correction_13_moves_is_not_refused():
     "The join covers the moved copy: the pipeline with full metadata goes through."
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.wait_stream.default, 0, 1, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    gm = b.output(out)
+    gm = mutate_then_join()
     with use_registry(StreamRegistry(start=100, current_stream=0)):
         run_stream_passes(gm, fw_metadata=mutation_meta(outside=False))
     check_write_backs(gm, mutation_meta(outside=False))
@@ -244,14 +217,7 @@ def test_correction_19_a_write_back_correction_13_moves_is_not_refused():
 def test_correction_13_write_back_goes_before_the_record_an_event_join_waits_for(upstream):
     """Stream 0 joins stream 1 through event 5. The event holds stream 1's work as it was at the record: main's
     correction 13 moved the copy between the record and the wait, where the wait does not cover it."""
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    new = b.op(aten.add.Tensor, x, x, stream=1, tag="is_forward")
-    b.sync(streams.record_event.default, 5, 1, tag="is_forward")
-    b.sync(streams.wait_event.default, 5, 0, tag="is_forward")
-    out = b.op(aten.neg.default, new, stream=0, tag="is_forward")
-    b.op(aten.copy_.default, x, new, tag="is_forward")
-    gm = b.output(out)
+    gm = mutate_then_event_join()
     assign_epilogue_copy_streams(gm, upstream=upstream)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     assert names == ["add", "copy_", "record_event_default", "wait_event_default", "neg"]

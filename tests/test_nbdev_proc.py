@@ -58,7 +58,10 @@ def test_nbdev_proc_nbs(tmp_path):
     (stub / "quarto").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{Path(sys.executable).parent}:{os.environ['PATH']}", "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(work), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run(["nbdev_proc_nbs"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    # one process, the notebooks in turn (nbdev's default, a worker per core, starts torch in each of them: on a busy
+    # 2-core machine 40 s against 34 s, with pytest's own two workers already on the cores)
+    r = subprocess.run(["nbdev_proc_nbs", "--n_workers", "0"], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=600)
     if r.returncode != 0:
         d = subprocess.run([sys.executable, "-c", _DIAGNOSE], cwd=work, env=env, capture_output=True, text=True,
                            timeout=600)

@@ -16,6 +16,7 @@ import torch.fx.traceback as fxt
 import graphgen
 import oracle
 from oracle import MODES, PIPELINE, WRAP
+from streamnb.examples import cross_stream, user_syncs
 from streamnb.graph import GraphBuilder
 
 aten = torch.ops.aten
@@ -27,15 +28,7 @@ logging.getLogger("torch._inductor.utils").setLevel(logging.ERROR)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def cross_stream():
-    "mul on s1 read by add on s0: a record/wait pair, then record_event + sync_dealloc for mul's last use."
-    b = GraphBuilder()
-    x, g = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, x, stream=1)
-    return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
-
-
-def grad_acc():
+def grad_acc_of_products():
     "acc1 has a user on s2 (users win over args) -> s2; acc2 only feeds the output -> its first annotated arg, s1."
     b = GraphBuilder()
     x, g = b.input("primals_1", tag="is_forward"), b.input("tangents_1")
@@ -86,20 +79,6 @@ def cpu_device():
     return b.output(b.op(aten.add.Tensor, mul, x, stream=0))
 
 
-def user_syncs():
-    "A forward-like graph with user-written record/wait/synchronize_event (wrap pass only)."
-    b = GraphBuilder()
-    x = b.input("x", tag=None)
-    y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
-    z = b.op(aten.mul.Tensor, y, y, stream=1, tag=None)
-    b.sync(streams.record_event.default, 7, 1)
-    a = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
-    b.sync(streams.wait_event.default, 7, 2)
-    w = b.op(aten.add.Tensor, z, a, stream=2, tag=None)
-    b.sync(streams.synchronize_event.default, 7)
-    return b.output(w, b.op(aten.neg.default, y, tag=None))
-
-
 def wait_stream():
     "wait_stream(1, 0) with meta['val'] = None: an ordinary node for the seed, a wrapped sync for torch 2.13."
     b = GraphBuilder()
@@ -112,7 +91,7 @@ def wait_stream():
 
 
 SCENARIOS = {f.__name__: (f, WRAP if f in (user_syncs, wait_stream) else PIPELINE)
-             for f in (cross_stream, grad_acc, multi_consumer, unannotated, timeline, cpu_device, user_syncs, wait_stream)}
+             for f in (cross_stream, grad_acc_of_products, multi_consumer, unannotated, timeline, cpu_device, user_syncs, wait_stream)}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -181,7 +160,7 @@ def test_default_mode_is_told_apart():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def three_streams(x, y):
+def three_stream_program(x, y):
     with fxt.annotate({"stream": 1}):
         a = x * y
     with fxt.annotate({"stream": 0}):
@@ -201,7 +180,7 @@ def upstream_sync(x, y):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("fn", [three_streams, upstream_sync])
+@pytest.mark.parametrize("fn", [three_stream_program, upstream_sync])
 def test_aot_joint_graph(fn, mode):
     x = torch.randn(4, 4, device="meta", requires_grad=True)
     y = torch.randn(4, 4, device="meta", requires_grad=True)

@@ -17,7 +17,7 @@ ORDER = ["assign_backward_streams", "assign_epilogue_copy_streams", "insert_back
          "wrap_all_sync_nodes_with_control_deps", "populate_fw_metadata_with_stream_indices"]
 
 
-def running_example():
+def small_backward():
     b = GraphBuilder()
     x = b.input("primals_1", tag="is_forward")
     w = b.input("primals_2", tag="is_forward")
@@ -44,7 +44,7 @@ def calls(monkeypatch):
 
 
 def test_order_and_arguments(calls):
-    gm, meta = running_example(), SimpleNamespace(num_mutated_inp_runtime_indices=0)
+    gm, meta = small_backward(), SimpleNamespace(num_mutated_inp_runtime_indices=0)
     out = run_stream_passes(gm, upstream=True, fw_metadata=meta, mechanism="record_stream", device="A100")
     assert out is gm
     assert [c[0] for c in calls] == ORDER
@@ -54,14 +54,14 @@ def test_order_and_arguments(calls):
 
 
 def test_no_metadata_pass_without_fw_metadata(calls):
-    run_stream_passes(running_example())
+    run_stream_passes(small_backward())
     assert [c[0] for c in calls] == ORDER[:-1]
     assert all(c[2]["upstream"] is False for c in calls)
 
 
 def test_passes_and_steps(calls):
     "`passes` picks from the table and keeps its order; an `after` step runs right after its pass, only if it ran."
-    gm, steps = running_example(), []
+    gm, steps = small_backward(), []
     step = lambda name: (lambda g: steps.append((name, len(calls), g)))
     run_stream_passes(gm, passes=["sync_deallocations", "assign_backward_streams"],
                       after={"assign_backward_streams": step("a"), "insert_backward_syncs": step("i")})
@@ -73,7 +73,7 @@ def test_passes_and_steps(calls):
 
 
 def test_processed_graph():
-    gm = run(running_example())
+    gm = run(small_backward())
     gm.graph.lint()
     assert not any(n.target in (streams.record_event.default, streams.wait_event.default)
                    for n in gm.graph.nodes if n.op == "call_function")       # all wrapped
@@ -87,7 +87,7 @@ def test_processed_graph():
 
 
 def test_modes_differ_on_running_example_and_agree_where_seed_is_right():
-    assert canonical(run(running_example())) != canonical(run(running_example(), upstream=True))
+    assert canonical(run(small_backward())) != canonical(run(small_backward(), upstream=True))
 
     # where the seed is right: the consumer reads a value of its own stream from before the wait (correction 6 has
     # nothing to do), and no tensor is freed off its stream (no sync_dealloc, which correction 9 always changes)
@@ -108,7 +108,7 @@ def test_modes_differ_on_running_example_and_agree_where_seed_is_right():
 
 @pytest.mark.parametrize("upstream", [True, False])
 def test_second_run_is_harmless(upstream):
-    gm = run(running_example(), upstream=upstream)
+    gm = run(small_backward(), upstream=upstream)
     before = canonical(gm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -120,7 +120,7 @@ def test_second_run_is_harmless(upstream):
 
 def test_fw_metadata_filled_last():
     meta = SimpleNamespace(num_mutated_inp_runtime_indices=2)
-    run(running_example(), fw_metadata=meta)
+    run(small_backward(), fw_metadata=meta)
     assert meta.mutated_inp_stream_indices == [1, 0]
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
+from streamnb.examples import producer_consumer, side_read
 from streamnb.graph import GraphBuilder, StreamRegistry, aten, streams
 from streamnb.sanitizer import sanitize
 from streamnb.streamops import decode
@@ -16,15 +17,6 @@ REC, WAIT, DEALLOC = streams.record_event.default, streams.wait_event.default, s
 
 def node(gm, name):
     return next(n for n in gm.graph.nodes if n.name == name)
-
-
-def producer_consumer(sync=True, wait_stream=0, cons_stream=0, keep=True):
-    b = GraphBuilder(); x = b.input("x")
-    m = b.op(aten.mul.Tensor, x, x, stream=1)
-    if sync:
-        b.sync(REC, 10, 1); b.sync(WAIT, 10, wait_stream)
-    a = b.op(aten.add.Tensor, m, x, stream=cons_stream)
-    return b.output(a, m) if keep else b.output(a)
 
 
 def test_race_and_its_fix():
@@ -81,19 +73,6 @@ def test_reads_on_two_streams_do_not_conflict():
     a = b.op(aten.neg.default, x, stream=1); c = b.op(aten.sin.default, x, stream=2)
     b.sync(REC, 10, 1); b.sync(WAIT, 10, 0); b.sync(REC, 11, 2); b.sync(WAIT, 11, 0)   # joined for the caller
     assert sanitize(b.output(a, c)).ok
-
-
-def side_read(fix=None, dealloc_stream=0):
-    b = GraphBuilder(); x = b.input("x")
-    m = b.op(aten.mul.Tensor, x, x, stream=0)
-    if fix in ("record_stream", "both"): b.sync(streams.record_stream.default, m, 1)
-    b.sync(REC, 10, 0); b.sync(WAIT, 10, 1)
-    a = b.op(aten.add.Tensor, m, x, stream=1)
-    if fix in ("sync_dealloc", "both"):
-        b.sync(REC, 11, 1); b.sync(DEALLOC, 11, dealloc_stream, m)
-    n = b.op(aten.neg.default, x, stream=0)
-    b.sync(REC, 12, 1); b.sync(WAIT, 12, 0)   # the caller reads add on the current stream
-    return b.output(a, n)
 
 
 def test_unsafe_reuse_and_both_fixes():

@@ -13,6 +13,7 @@ of a freed block on another stream checked against it. It shares only the stream
 (`decode`, `storages`) with the sanitizer, not its clocks."""
 import functools
 import operator
+import random
 
 import pytest
 import torch
@@ -24,7 +25,10 @@ from streamnb.graph import GraphBuilder, StreamRegistry, aten, is_control_deps, 
 from streamnb.sanitizer import sanitize, unknown_streams
 from streamnb.streamops import decode, is_view, storages
 
-N_GRAPHS = 240                                  # generated graphs with unannotated nodes and user syncs
+# generated graphs with unannotated nodes and user syncs: a fixed sample of the generator's seeds (torch 2.13's passes
+# take most of the time: 240 consecutive seeds took 9 s on a quiet machine, 88 s on a busy one)
+N_GRAPHS = 120
+SEEDS = tuple(sorted(random.Random(44).sample(range(2000), N_GRAPHS)))
 GEN = dict(p_unannotated=0.3, p_user_sync=0.15)
 CUR = "current"
 
@@ -213,10 +217,10 @@ def true_registry(current) -> StreamRegistry:
 
 
 @functools.lru_cache(maxsize=None)
-def verdicts(mode: str, n: int) -> list:
-    "(seed, graph, current, exact truth, default report, report as before (current_streams=())) for n graphs."
+def verdicts(mode: str, seeds: tuple) -> list:
+    "(seed, graph, current, exact truth, default report, report as before (current_streams=())) for each of `seeds`."
     out = []
-    for seed in range(n):
+    for seed in seeds:
         gm, cur = torch_graph(seed, mode)
         out.append((seed, gm, cur, exact(gm, cur), sanitize(gm), sanitize(gm, current_streams=())))
     return out
@@ -240,28 +244,28 @@ def test_issue_example():
     assert sanitize(gm, current_streams=()).kinds == ["race", "unjoined_output"]
 
 
-@pytest.mark.parametrize("mode,n", [("gpu", N_GRAPHS), ("cpu", 40)])
-def test_no_false_reports_with_default_arguments(mode, n):
+@pytest.mark.parametrize("mode,seeds", [("gpu", SEEDS), ("cpu", tuple(range(40)))], ids=["gpu", "cpu-40"])
+def test_no_false_reports_with_default_arguments(mode, seeds):
     # torch 2.13 joins no returned side-stream value to the current stream, where the caller reads it: every
     # unjoined_output must be one the exact check confirms too (the returned block's write is ordered before the end
     # of the current stream by no happens-before path)
     unjoined = 0
-    for seed, gm, cur, truth, rep, _ in verdicts(mode, n):
+    for seed, gm, cur, truth, rep, _ in verdicts(mode, seeds):
         bad = false_reports(rep, truth, exact_unjoined(gm, cur))
         assert not bad, f"seed {seed}: {bad[0].message}"
         assert {e.kind for e in rep.errors} <= {"race", "unsafe_reuse", "unjoined_output"}, f"seed {seed}: {rep}"
         unjoined += "unjoined_output" in rep.kinds
-    assert unjoined >= n // 10, unjoined          # they occur: PyTorch's passes leave side-stream outputs unjoined
+    assert unjoined >= len(seeds) // 10, unjoined          # they occur: PyTorch's passes leave side-stream outputs unjoined
 
 
 def test_the_old_default_reported_races_that_are_not_there():
     # the same graphs with the indices taken as streams of their own (the behaviour before): false reports
-    bad = [seed for seed, gm, cur, truth, rep, old in verdicts("gpu", N_GRAPHS) if false_reports(old, truth)]
+    bad = [seed for seed, gm, cur, truth, rep, old in verdicts("gpu", SEEDS) if false_reports(old, truth)]
     assert len(bad) > N_GRAPHS // 6, len(bad)
 
 
 def test_unknown_indices_are_named_in_one_warning():
-    for seed, gm, cur, truth, rep, old in verdicts("gpu", N_GRAPHS):
+    for seed, gm, cur, truth, rep, old in verdicts("gpu", SEEDS):
         unknown = unknown_streams(gm)
         warns = [w for w in rep.warnings if w.kind == "unknown_stream"]
         if not unknown:
@@ -280,7 +284,7 @@ def test_with_the_true_registry_it_agrees_with_the_exact_check():
     # told the truth, the sanitizer finds a race (unsafe reuse) exactly where the exact check does, and names a pair
     # that the exact check confirms
     seen = set()
-    for seed, gm, cur, truth, rep, _ in verdicts("gpu", N_GRAPHS):
+    for seed, gm, cur, truth, rep, _ in verdicts("gpu", SEEDS):
         told = sanitize(gm, registry=true_registry(cur))
         unjoined, truth = exact_unjoined(gm, cur), exact(gm, cur, reuse_at="next")   # (the sanitizer's rule for reuse)
         assert not false_reports(told, truth, unjoined), f"seed {seed}"
@@ -297,7 +301,7 @@ def assumed(gm) -> set:
 
 def test_default_is_exact_under_its_assumptions():
     # told nothing, the sanitizer finds a race (unsafe reuse) exactly where the exact check with the same assumptions does
-    for seed, gm, cur, truth, rep, _ in verdicts("gpu", N_GRAPHS):
+    for seed, gm, cur, truth, rep, _ in verdicts("gpu", SEEDS):
         for kind, pairs in zip(("race", "unsafe_reuse"), exact(gm, assumed(gm), reuse_at="next")):
             assert (kind in rep.kinds) == bool(pairs), f"seed {seed}: {kind}: exact {sorted(pairs)}\n{rep}"
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from streamnb.examples import big_and_small_branches, dealloc_graph, three_way
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry, streams, use_registry
 from streamnb.simulator import Lifetime, simulate
 
@@ -135,27 +136,13 @@ def test_wait_stream():
     assert [(f.src_stream, f.dst_stream, f.src_time) for f in tl.flows] == [(1, 0, 2.0)]
 
 
-def dealloc_graph(remedy):
-    b = GraphBuilder()
-    x = b.input("x")                                                # 64 bytes, resident
-    t = b.op(aten.mul.Tensor, x, x, stream=0, name="t")            # 64 bytes on stream 0
-    b.sync(REC, 1, 0); b.sync(WAIT, 1, 1)
-    r = b.op(aten.neg.default, t, stream=1, name="r")              # last use of t, on stream 1
-    if remedy == "record_stream":
-        b.sync(streams.record_stream.default, t, 1)
-    if remedy == "sync_dealloc":
-        b.sync(REC, 2, 1); b.sync(streams.sync_dealloc.default, 2, 0, t)
-    u = b.op(aten.neg.default, x, stream=0, name="u")              # more work on stream 0 (reuses t's block)
-    return b.output(r, u)
-
-
 @pytest.mark.parametrize("remedy,free,unsafe,u_start,peak", [
     (None, 1.0, [("t", "r")], 1.0, 192),
     ("record_stream", 5.0, [], 1.0, 256),
     ("sync_dealloc", 5.0, [], 5.0, 192),
 ])
 def test_deallocation(remedy, free, unsafe, u_start, peak):
-    tl = simulate(dealloc_graph(remedy), cost={"t": 1.0, "r": 4.0, "u": 2.0})
+    tl = simulate(dealloc_graph(remedy, tail=True), cost={"t": 1.0, "r": 4.0, "u": 2.0})
     assert tl.lifetimes["t"] == Lifetime(0, 64, 0.0, free)
     assert [(f.tensor, f.reader) for f in tl.unsafe_frees] == unsafe
     assert tl.spans["u"][1] == u_start
@@ -295,19 +282,10 @@ def test_seed_defects_show_up_and_the_corrected_passes_are_clean():
     from streamnb.dealloc import sync_deallocations
     from streamnb.syncs import insert_backward_syncs
 
-    def g():
-        b = GraphBuilder()
-        x = b.input("x", tag="is_forward")
-        t = b.input("tangents_1")
-        p = b.op(aten.mul.Tensor, t, x, stream=1, name="p")
-        c0 = b.op(aten.add.Tensor, p, x, stream=0, name="c0")
-        c2 = b.op(aten.neg.default, p, stream=2, name="c2")
-        return b.output(c0, c2)
-
     cost = {"p": 3.0, "c0": 1.0, "c2": 1.0}
     found = {}
     for upstream in (True, False):
-        gm = g()
+        gm = three_way()
         reg = StreamRegistry(start=100, current_stream=0)
         with use_registry(reg):
             insert_backward_syncs(gm, upstream=upstream)
@@ -466,7 +444,7 @@ def test_chapter_pictures_support_the_prose():
     # "no remedy: the block goes back at 1 us while neg reads it until 5 us; record_stream defers the free to 5 us;
     # sync_dealloc makes stream 0 wait until neg is done"
     cost = {"t": us(1), "r": us(4), "u": us(2)}
-    plain, rs, sd = (simulate(dealloc_graph(m), cost=cost) for m in (None, "record_stream", "sync_dealloc"))
+    plain, rs, sd = (simulate(dealloc_graph(m, tail=True), cost=cost) for m in (None, "record_stream", "sync_dealloc"))
     (u,) = plain.unsafe_frees
     assert (u.freed_at, u.read_end) == (pytest.approx(us(1)), pytest.approx(us(5))) and u.freed_at < u.read_end
     assert rs.lifetimes["t"].free == pytest.approx(us(5)) and rs.unsafe_frees == []
@@ -478,14 +456,7 @@ def test_chapter_pictures_support_the_prose():
 def test_contention_chapter_picture_supports_the_prose():
     "nbs/04_contention.ipynb's picture."
     # "free overlap vs contention: the big branches take (a hair more than) twice as long, the small ones are untouched"
-    b = GraphBuilder()
-    outs = []
-    for s, (name, n) in enumerate([("big1", 1 << 22), ("big2", 1 << 22), ("small1", 1024), ("small2", 1024)], start=1):
-        v = b.input(f"x_{name}", shape=(n,))
-        for j in range(3):
-            v = b.op(aten.neg.default, v, stream=s, name=f"{name}_{j}")
-        outs.append(v)
-    gm = b.output(*outs)
+    gm = big_and_small_branches()
     c = lambda n: us(5) if n.name.startswith("small") else get_roofline_estimate(n)
     free, cont = simulate(gm, cost=c), simulate(gm, cost=c, contention=True)
     end = lambda tl, pre: max(e for k, (_, _, e) in tl.spans.items() if k.startswith(pre))

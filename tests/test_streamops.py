@@ -9,6 +9,7 @@ import torch
 from torch._inductor.fx_passes.control_dependencies import _create_subgraph_for_node, control_deps
 
 from loads import modules_loaded_by
+from streamnb.examples import three_streams
 from streamnb import streamops
 from streamnb.graph import GraphBuilder, StreamnbError, StreamRegistry
 from streamnb.streamops import (OPS, OpSpec, Storage, VectorClocks, current_stream_key, decode, owner,
@@ -306,21 +307,12 @@ def test_alias_model_through_control_deps_of_a_multi_output_node():
     assert sanitize(gm, registry=reg).kinds == ["unsafe_reuse"]   # var_mean's block goes back to stream 1 unsynced
 
 
-def _three_streams(waits):
-    "02_streamops' happens-before picture: mul on 1, mul_1 on 2 each record an event; add on 0 waits for `waits`."
-    g = GraphBuilder(); x, t = g.input("primals_1", tag="is_forward"), g.input("tangents_1")
-    mul = g.op(aten.mul.Tensor, t, x, stream=1); g.sync(streams.record_event.default, 101, 1)
-    mul_1 = g.op(aten.mul.Tensor, t, 2.0, stream=2); g.sync(streams.record_event.default, 102, 2)
-    for s in waits: g.sync(streams.wait_event.default, 100 + s, 0)
-    return g.output(g.op(aten.add.Tensor, mul, mul_1, stream=0, acc=True))
-
-
 def test_three_stream_happens_before_picture_claims():
     "The picture's claim: with both waits add's clock covers mul (s1:1) and mul_1 (s2:2); with one, mul_1 -> add races."
     from streamnb.sanitizer import sanitize
     from streamnb.simulator import simulate
     reg = StreamRegistry(current_stream=0)
-    both, one = _three_streams((1, 2)), _three_streams((1,))
+    both, one = three_streams((1, 2)), three_streams((1,))
     tl_both, tl_one = simulate(both, cost=lambda n: 0.001, registry=reg), simulate(one, cost=lambda n: 0.001, registry=reg)
     assert tl_both.clocks["add"] == {0: 3, 1: 1, 2: 2}
     assert tl_one.clocks["add"] == {0: 3, 1: 1}

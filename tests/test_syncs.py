@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from streamnb.course import sync_exercise
+from streamnb.examples import cross_stream, fan_out, same_stream_readers
 from streamnb.graph import (AlreadyProcessedWarning, GraphBuilder, MissingValError, StreamAnnotationError,
                             StreamRegistry, aten, canonical, streams, use_registry)
 from streamnb.syncs import (insert_backward_syncs, insert_record_event_after_node, insert_sync,
@@ -27,25 +28,6 @@ def seq(gm):
         args = torch.fx.node.map_arg(n.args, lambda a: a.name)
         out.append((n.name, n.target if n.op == "call_function" else n.op, args))
     return out
-
-
-def cross_stream():
-    b = GraphBuilder()
-    x = b.input("primals_1", tag="is_forward")
-    g = b.input("tangents_1")
-    mul = b.op(aten.mul.Tensor, g, x, stream=1)
-    add = b.op(aten.add.Tensor, mul, x, stream=0)
-    return b.output(add)
-
-
-def fan_out(s_first=0, s_second=2, device="meta"):
-    "neg on stream 1 consumed by mul on `s_first`, then by sin on `s_second`."
-    b = GraphBuilder(device=device)
-    g = b.input("tangents_1")
-    p = b.op(aten.neg.default, g, stream=1)
-    c0 = b.op(aten.mul.Tensor, p, g, stream=s_first)
-    c2 = b.op(aten.sin.default, p, stream=s_second)
-    return b.output(c0, c2)
 
 
 def test_cross_stream_exact_graph():
@@ -91,12 +73,7 @@ def test_upstream_matches_the_seed_on_fan_out():
 
 
 def test_same_stream_second_consumer_needs_no_second_wait():
-    b = GraphBuilder()
-    g = b.input("tangents_1")
-    p = b.op(aten.neg.default, g, stream=1)
-    c1 = b.op(aten.sin.default, p, stream=0)
-    c2 = b.op(aten.cos.default, p, stream=0)
-    gm = run(b.output(c1, c2))
+    gm = run(same_stream_readers())
     assert len(gm.graph.find_nodes(op="call_function", target=WAIT)) == 1
 
 

@@ -13,6 +13,7 @@ from torch.fx import GraphModule
 from test_bad_input import base_graph, call, fresh_result, fw_metadata, node, snapshot
 from test_reliability import ENTRY, FORMS, plain_graph, symint, tables
 from streamnb.assign import assign_backward_streams
+from streamnb.examples import cross_read
 from streamnb.dealloc import sync_deallocations
 from streamnb.graph import (PIPELINE_ORDER, AlreadyProcessedWarning, GraphBuilder, StreamnbError, StreamRegistry,
                             canonical, streams, use_registry)
@@ -117,14 +118,7 @@ def test_a_processed_graph_is_recognised_from_its_syncs(last, upstream):
 
 def test_a_programs_own_sync_on_one_read_does_not_stop_the_pass():
     "Recognised only if every cross-stream read is synced as the pass syncs it: one read the program left is synced."
-    b = GraphBuilder()
-    x = b.input("tangents_1")
-    a = b.op(aten.relu.default, x, stream=1, name="a")
-    b.sync(streams.record_event.default, 40, 1)
-    b.sync(streams.wait_event.default, 40, 2)
-    c = b.op(aten.neg.default, a, stream=2, name="c")   # ordered by the program's own pair
-    d = b.op(aten.sin.default, a, stream=3, name="d")   # not ordered: the pass must add a pair
-    gm = b.output(c, d)
+    gm = cross_read(synced_too=False)   # c (stream 2) ordered by the program's own pair; d (stream 3) not: the pass must add one
     with warnings.catch_warnings():
         warnings.simplefilter("error", AlreadyProcessedWarning)
         call(insert_backward_syncs, gm)

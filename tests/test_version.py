@@ -1,13 +1,13 @@
 """`import streamnb` on other torch releases: a warning off the tested ones, a clear ImportError without the internals it
 needs. An import runs in a fresh interpreter, with `torch.__version__` set before streamnb sees it."""
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
 import streamnb
+from loads import run_fresh
 
 IMPORT = """
 import json, warnings, torch
@@ -21,9 +21,7 @@ print(json.dumps([[w.category.__name__, str(w.message)] for w in caught if w.fil
 
 def warnings_on(version):
     "The warnings streamnb's own code emits while it is imported in a fresh interpreter, as if torch were `version`."
-    p = subprocess.run([sys.executable, "-c", IMPORT.format(version=version)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout.splitlines()[-1])
+    return json.loads(run_fresh(IMPORT.format(version=version)).splitlines()[-1])   # (torch imported, not streamnb)
 
 
 def test_tested_release_imports_silently():
