@@ -19,6 +19,10 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule
 
+# %% auto #0
+__all__ = ['FRONTENDS', 'FORWARD_ONLY_PASSES', 'Capture', 'capture', 'forward_only_passes', 'eager']
+
+# %% ../nbs/16c_capture.ipynb #13d974aa
 from .graph import StreamnbError, StreamRegistry, use_registry
 from .pipeline import run_stream_passes
 from .streamops import decode
@@ -28,9 +32,6 @@ from .tracing import (CaptureError, NoGradError, TraceError, _cause, _trace_join
 from .partitioning import PARTITIONERS, add_control_deps_vals, partition
 from .assign import PROGRAM_EVENTS, WRITE_BACKS, events_of
 
-
-# %% auto #0
-__all__ = ['FRONTENDS', 'FORWARD_ONLY_PASSES', 'Capture', 'capture', 'forward_only_passes', 'eager']
 
 # %% ../nbs/16c_capture.ipynb #cap0view
 class _CaptureViews:
@@ -99,6 +100,7 @@ def _flat_fn(fn, param_names, buffer_names, spec_box):
         return leaves
     return flat_fn
 
+# %% ../nbs/16c_capture.ipynb #31adc5ee
 FRONTENDS = ("auto", "aot", "dynamo")
 
 # %% ../nbs/16c_capture.ipynb #86752b42
@@ -106,6 +108,7 @@ def _names_streams(gm: GraphModule) -> bool:
     "True if a node of `gm` runs on an annotated stream or is a stream op."
     return bool(graph_streams(gm)) or any(decode(n) is not None for n in gm.graph.nodes)
 
+# %% ../nbs/16c_capture.ipynb #a3972de4
 def _first_line(msg: str) -> str:
     """What a traceback's message says first; for dynamo's graph breaks (whose first line is a generic title such as
     "RuntimeError when making fake tensor call"), the explanation and the line of user code too."""
@@ -187,10 +190,12 @@ def _traced(flat_fn: Callable, flat: list, frontend: str, name: str) -> tuple[di
         if again is not None and (failed is not None or _names_streams(_graph_of(again))): got, used = again, "dynamo"
     return got, used
 
+# %% ../nbs/16c_capture.ipynb #326b897f
 def _graph_of(got: dict) -> GraphModule:
     "The graph `_trace_joint` got: the joint graph, or a program with no gradient's inference graph."
     return got["joint"] if "joint" in got else got["inference"]
 
+# %% ../nbs/16c_capture.ipynb #d7616006
 def _stream_notes(name: str, joint: GraphModule, streams: set) -> list[str]:
     "What `capture` says of a joint graph with no stream annotation (none if it has some)."
     if streams: return []
@@ -308,6 +313,8 @@ def _process(self: Capture, upstream: bool = False, partitioner: str = "default"
     return dataclasses.replace(self, joint=joint, forward=fw, backward=bw, fw_metadata=fw_metadata,
                                partitioner=partitioner, notes=notes,
                                processed=dict(upstream=upstream, partitioner=partitioner, **pipeline_kwargs))
+
+# %% ../nbs/16c_capture.ipynb #237b845e
 Capture.process = _process
 
 # %% ../nbs/16c_capture.ipynb #4c4dd2fd
@@ -316,6 +323,7 @@ from .graph import PIPELINE_ORDER
 FORWARD_ONLY_PASSES = ("assign_epilogue_copy_streams", "wrap_all_sync_nodes_with_control_deps",
                        "populate_fw_metadata_with_stream_indices")   # what AOTAutograd 2.13 calls on an inference graph
 
+# %% ../nbs/16c_capture.ipynb #85e42faf
 def forward_only_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata: Any = None, owned_streams: bool = False,
                         forward_syncs: bool = False, **pipeline_kwargs) -> GraphModule:
     """The stream passes on the inference graph `gm` of a program with no gradient, in place; return `gm`.
@@ -326,7 +334,6 @@ def forward_only_passes(gm: GraphModule, *, upstream: bool = False, fw_metadata:
     passes = [p for p in PIPELINE_ORDER if p in FORWARD_ONLY_PASSES or (p == "sync_deallocations" and not upstream)]
     return run_stream_passes(gm, upstream=upstream, fw_metadata=fw_metadata, passes=passes,
                              forward_syncs=forward_syncs or (owned_streams and not upstream), **pipeline_kwargs)
-
 
 # %% ../nbs/16c_capture.ipynb #d77142d4
 def _process_forward_only(self: Capture, upstream: bool, partitioner: str, registry: StreamRegistry | None,
@@ -418,6 +425,8 @@ def _run(self: Capture, *inputs: torch.Tensor, grad_outputs=None, executor: Call
     out = pytree.tree_unflatten(outs, self.out_spec)
     return _with_written(RunResult(out, tuple(grads[k:]), dict(zip(self.param_names, grads[:len(self.param_names)]))),
                          written)
+
+# %% ../nbs/16c_capture.ipynb #5fb1d021
 Capture.run = _run
 
 _NO_CPU_EVENTS = ("the program syncs a torch.Stream or torch.Event made outside cpu_streams()'s stand-ins (a real CPU "
@@ -476,4 +485,6 @@ def _eager(self: Capture, *inputs, grad_outputs=None) -> RunResult:
     "Eager PyTorch on the captured function or module (see `eager`)."
     if not self.inference: return eager(self.fn, *inputs, grad_outputs=grad_outputs)
     with torch.no_grad(): return eager(self.fn, *inputs)   # forward only: as captured, with no gradient
+
+# %% ../nbs/16c_capture.ipynb #db0af17f
 Capture.eager = _eager

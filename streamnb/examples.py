@@ -49,6 +49,7 @@ def on_stream(i: int):
     "Mark a region as running on stream `i` (AOTAutograd carries the annotation to its backward nodes)."
     return torch.fx.traceback.annotate({"stream": i})
 
+# %% ../nbs/09_examples.ipynb #2b0db319
 class TransformerBlock(nn.Module):
     "Pre-norm transformer block: attention on stream 1, the MLP on stream 2; the residual joins them on stream 0."
     def __init__(self, d: int = 256, heads: int = 4, hidden: int = 1024):
@@ -65,6 +66,7 @@ class TransformerBlock(nn.Module):
         with on_stream(2): m = self.mlp(self.ln2(x))
         return x + m
 
+# %% ../nbs/09_examples.ipynb #8aca7880
 def transformer_block_example(seed: int = 0, batch: int = 4, seq: int = 64, d: int = 256):
     "A seeded `TransformerBlock` and its example input `(x,)`, which requires grad."
     torch.manual_seed(seed)
@@ -114,6 +116,7 @@ def two_stream_fn(x, w):
     with on_stream(2): b = torch.tanh(x * 2)
     return (a + b).sum(dim=0)
 
+# %% ../nbs/09_examples.ipynb #7e3dbaf0
 MODELS = {   # name -> (constructor, input shape); every model tiny
     "two_branch_mlp": (TwoBranchMLP, (2, 8)),
     # pre-norm block, attention on stream 1 and the MLP on stream 2: x's grad is accumulated from two streams
@@ -141,6 +144,7 @@ def matmul_chains(n: int = 1024, length: int = 16, two_streams: bool = True, dty
         c = b.op(torch.ops.aten.mm.default, c, w, stream=2 if two_streams else None, name=f"b{k}")
     return b.output(a, c)
 
+# %% ../nbs/09_examples.ipynb #87229769
 def missing_wait_graph(n: int = 4096, length: int = 8, dtype=torch.float32) -> GraphModule:
     "Defect 1: producer `p` (a matmul chain) on stream 1; consumers `c0` on stream 0 and `c2` on stream 2."
     b = GraphBuilder(shape=(n, n), dtype=dtype)
@@ -151,6 +155,7 @@ def missing_wait_graph(n: int = 4096, length: int = 8, dtype=torch.float32) -> G
     c2 = b.op(torch.ops.aten.neg.default, p, stream=2, name="c2")
     return b.output(c0, c2)
 
+# %% ../nbs/09_examples.ipynb #e93ceadd
 def side_stream_last_use(n: int = 4096, length: int = 8, dtype=torch.float32) -> GraphModule:
     "`a` is made on stream 0 and last used on stream 1 after a chain there; stream 0 keeps allocating meanwhile."
     aten = torch.ops.aten
@@ -457,6 +462,7 @@ class AnnotatedBackward(torch.autograd.Function):
             gx = g @ w.t()
         return gx, x.t() @ g
 
+# %% ../nbs/09_examples.ipynb #658c9999
 def annotated_backward(x, w):
     "`relu(x @ w)` through `AnnotatedBackward`: a program whose only stream annotation is in a custom backward."
     return torch.relu(AnnotatedBackward.apply(x, w))
