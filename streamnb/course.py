@@ -10,6 +10,10 @@ from types import SimpleNamespace
 import torch
 from torch.fx import GraphModule
 
+# %% auto #0
+__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'join_before_output', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise', 'wrapper_exercise_solution', 'pipeline_exercise']
+
+# %% ../nbs/09a_course.ipynb #498b8fd9
 from .graph import GraphBuilder, StreamRegistry, aten, check_graph_module, streams, use_registry
 from .simulator import simulate
 from .exercises import Exercise, insert, move
@@ -20,9 +24,6 @@ from .dealloc import sync_deallocations
 from .control_deps import wrap_by_hand
 from .metadata import populate_fw_metadata_with_stream_indices
 from .pipeline import run_stream_passes
-
-# %% auto #0
-__all__ = ['acc_exercise_graph', 'acc_exercise', 'sync_exercise_graph', 'join_before_output', 'sync_exercise', 'long_side_read', 'dealloc_exercise_graph', 'dealloc_exercise', 'dealloc_exercise_solution', 'two_consumers', 'control_deps_exercise', 'two_consumers_solution', 'WRAPPER_COST', 'mutating_forward', 'with_wrapper', 'forward_gm', 'wrapper_exercise', 'wrapper_exercise_solution', 'pipeline_exercise']
 
 # %% ../nbs/10_backward_streams.ipynb #7d347ab5
 def acc_exercise_graph() -> GraphModule:
