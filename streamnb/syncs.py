@@ -20,8 +20,8 @@ from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_va
                             streams)
 
 # %% auto #0
-__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'HostValueError', 'SeedSyncs', 'CorrectedSyncs',
-           'insert_sync', 'insert_backward_syncs']
+__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'mark_added', 'added_by', 'HostValueError',
+           'SeedSyncs', 'CorrectedSyncs', 'insert_sync', 'insert_backward_syncs']
 
 # %% ../nbs/11_syncs.ipynb #e0c77d2c
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
@@ -38,6 +38,18 @@ def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> N
         wait = fastfx.call_function(graph, streams.wait_event.default, (event_ind, get_stream_or_current_stream(node)))
     wait.meta["partitioner_tag"] = "must_be_in_backward"
     return wait
+
+# %% ../nbs/11_syncs.ipynb #8ed72908
+_ADDED_BY = "streamnb_correction"   # meta key: the correction that made the default add a sync beyond the seed's
+
+def mark_added(node: Node, number: int | None) -> Node:
+    "Record on the sync `node` the correction that made the default add it beyond the seed's syncs (None: the seed's too)."
+    if number is not None: node.meta[_ADDED_BY] = number
+    return node
+
+def added_by(node: Node) -> int | None:
+    "The correction that made the default add the sync `node` (`meta['streamnb_correction']`); None: the seed's or the program's."
+    return node.meta.get(_ADDED_BY)
 
 # %% ../nbs/11_syncs.ipynb #c2b3c990
 class HostValueError(StreamnbError, TypeError):
@@ -65,6 +77,8 @@ class SeedSyncs:
     def reads(self, consumer: Node, gm: GraphModule) -> bool:
         "Is `consumer` a reader that may need a wait? Every node: a stream op too (`record_stream` has no `val` and fails)."
         return True
+    def added(self, sync: Node, number: int | None) -> None:
+        "A sync this pass just inserted, and the correction that needs it: the seed adds none of its own, nothing to record."
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]:
         "Reads, on another stream, of what was made before the backward (inputs, saved forward values): none are ordered."
         return {}
@@ -104,16 +118,29 @@ class CorrectedSyncs(SeedSyncs):
                 "wait: PyTorch syncs only between computed nodes, never from a placeholder", "per stream such values were "
                 "made on, one record at the graph's entry, and one wait before each side stream's first such read")
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]: return _entry_reads(gm)
+    def added(self, sync: Node, number: int | None) -> None: mark_added(sync, number)   # for `explain`
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
-def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
-    "The seed's `insert_sync`, asking `p` whether `consumer` gets a wait."
-    recorded = producer not in node_to_wait_event_ind
+def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> tuple:
+    "The seed's `insert_sync`, asking `p` whether `consumer` gets a wait; `(record, wait)` inserted (None: not inserted)."
+    recorded, record, wait = producer not in node_to_wait_event_ind, None, None
     if recorded:
         node_to_wait_event_ind[producer] = new_event()
-        insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
+        record = insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
     if p.new_wait(consumer, producer, node_to_wait_event_ind, recorded):
-        insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+        wait = insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+    return record, wait
+
+# %% ../nbs/11_syncs.ipynb #6e1bbfd3
+def _attribute(p: SeedSyncs, producer: Node, syncs: tuple, why: int | None, seeded: set, waited: set) -> None:
+    """Tell `p` which correction needs each sync `_insert_sync` just made for `producer` (`why`: the edge's, None for a
+    data edge). The seed records each producer in `seeded` once and waits for it once: the default's first record and
+    first wait for such a producer stand for the seed's, whatever edge made them; every other sync is `why`'s (or 1's)."""
+    record, wait = syncs
+    if record is not None: p.added(record, None if producer in seeded else why)
+    if wait is not None:
+        p.added(wait, None if producer in seeded and producer not in waited else (why or 1))
+        waited.add(producer)
 
 # %% ../nbs/11_syncs.ipynb #7fc2f6cb
 def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict, *,
@@ -230,11 +257,11 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
     for (s, dev), w in sorted(last.items(), key=lambda kv: pos[kv[1]]):
         if (e := node_to_wait_event_ind.get(w)) is None:
             e = node_to_wait_event_ind[w] = new_event()
-            insert_record_event_after_node(gm.graph, w, e)
+            mark_added(insert_record_event_after_node(gm.graph, w, e), 17)
         if dev not in current: current[dev] = get_current_stream(dev)
         with gm.graph.inserting_before(out):
             wait = fastfx.call_function(gm.graph, streams.wait_event.default, (e, current[dev]))
-        wait.meta["partitioner_tag"] = "must_be_in_backward"
+        mark_added(wait, 17).meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/11_syncs.ipynb #e83369ab
 def _made_on(a: Node, reg) -> tuple | None:
@@ -271,9 +298,9 @@ def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, tuple[Node, list[
         e = new_event()
         with gm.graph.inserting_before(entry):
             record = fastfx.call_function(gm.graph, streams.record_event.default, (e, made))
-        record.meta["partitioner_tag"] = "must_be_in_backward"
+        mark_added(record, 29).meta["partitioner_tag"] = "must_be_in_backward"
         for reader, values in readers.values():
-            insert_wait_event_before_node(gm.graph, reader, e).meta["entry_reads"] = values
+            mark_added(insert_wait_event_before_node(gm.graph, reader, e), 29).meta["entry_reads"] = values
 
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
@@ -313,13 +340,15 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     require_val(_val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change (validated on entry)
     reserve_indices_in_use(gm, ops)   # new events never equal one the graph already uses
     node_to_wait_event_ind: dict = {}
+    # for `_attribute`: the producers the seed records (each once), and those the default has waited for so far
+    seen = {a for _, a in edges if not _host_value(a) and get_device(a).type != "cpu"}, set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node) and p.reads(node, gm):
             for arg in flat_args(node):
                 if _crosses_streams(node, arg) and not _host_value(arg) and get_device(arg).type != "cpu":
-                    _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind)
+                    _attribute(p, arg, _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind), None, *seen)
             for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":
-                    _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind)
+                    _attribute(p, user, _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind), 10, *seen)
     _order_entry(gm, entry)   # a side stream's first read of an input waits for the stream it was made on
     _join_outputs(gm, outs, node_to_wait_event_ind)   # the caller reads the outputs on the current stream
