@@ -119,16 +119,19 @@ class CorrectedDealloc(_CorrectedDeallocSteps, SeedDealloc):
     def handles(self, node: Node) -> bool: return True
     def added(self, node: Node, last_usage: Node) -> int | None: return _added(self, node, last_usage)   # (`explain`)
 
+# %% ../nbs/12_dealloc.ipynb #44bf7382
+def _forward_added(p: SeedDealloc, node: Node) -> int:
+    "A forward value's protection: 22, or 25 in a graph with no backward (the seed runs no dealloc pass there)."
+    if getattr(p, "_bwd_graph", None) is not node.graph:
+        p._bwd_graph, p._has_bwd = node.graph, any(is_bwd_node(n) for n in node.graph.nodes)
+    return 22 if p._has_bwd else 25
+
 # %% ../nbs/12_dealloc.ipynb #cdb2acce
 def _added(p: SeedDealloc, node: Node, last_usage: Node) -> int | None:
-    """Which correction needs the default's syncs protecting `node` from `last_usage` (asked before any is inserted):
-    22 for a forward value (25 in a graph with no backward: the seed runs no dealloc pass there); for a backward value,
-    a protection from the stream of the seed's last user of the block or an alias of it stands for the seed's (None);
-    any other is 2 (another stream's last use) or 15 (a use through an alias)."""
-    if not is_bwd_node(node):
-        if getattr(p, "_bwd_graph", None) is not node.graph:
-            p._bwd_graph, p._has_bwd = node.graph, any(is_bwd_node(n) for n in node.graph.nodes)
-        return 22 if p._has_bwd else 25
+    """Which correction needs the default's syncs protecting `node` from `last_usage` (asked before any is inserted): for
+    a backward value, a protection from the stream of the seed's last user of the block or an alias of it stands for the
+    seed's (None); any other is 2 (another stream's last use) or 15 (a use through an alias)."""
+    if not is_bwd_node(node): return _forward_added(p, node)
     mem, al = p._storage(node.graph)
     seed = [u for a in {node, *(a for b in blocks(mem.get(node)) for a in al.get(b, ()))} if is_bwd_node(a)
             for u in SeedDealloc.last_uses(p, a)]

@@ -31,6 +31,11 @@ from .simulator import Timeline, simulate
 # %% auto #0
 __all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'custom_backward_as_written', 'explain', 'show_explanation']
 
+# %% ../nbs/17_explain.ipynb #ad198983
+def _added_in(gm: GraphModule) -> Counter:
+    "The syncs of `gm` (stream ops but fork/join) by `added_by` (chapter 11)."
+    return Counter(added_by(n) for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
+
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
 class ModeResult:
@@ -57,7 +62,7 @@ class ModeResult:
         """The syncs of the processed joint graph (before the partition, which may copy or move a sync; else the graph
         `syncs` counts), by the correction that added each beyond the seed's (chapter 11's `added_by`; None: not added)."""
         gm = getattr(self.capture, "joint", None) or (self.backward if self.backward is not None else self.forward)
-        return Counter(added_by(n) for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
+        return _added_in(gm)
 
 # %% ../nbs/17_explain.ipynb #6bf57384
 def _matches_eager(cap: Capture, inputs) -> bool:
@@ -254,6 +259,17 @@ class _ExplanationPart2:
         return (f"forward: the program as written has {count} that the default's processed forward does not: {why}. "
                 f"{eager}torch 2.13's passes (the upstream row) add no forward sync: fix the program. The first: {first}")
 
+# %% ../nbs/17_explain.ipynb #896cd46b
+def _per_correction(added: Counter) -> str:
+    "`correction 1: 2, correction 17: 1` (none: `none`)."
+    return ", ".join(f"correction {k}: {v}" for k, v in sorted(added.items())) or "none"
+
+# %% ../nbs/17_explain.ipynb #a2986096
+def _not_like_for_like(up: ModeResult | None, added: Counter, total: int) -> str:
+    "The default's added syncs where no seed row (or one processed alone) gives a count to compare with."
+    why = "the seed's passes fail here" if up is None else "the upstream row's backward was processed alone"
+    return f"default: {sum(added.values())} of its {total} syncs (joint graph) added by corrections ({_per_correction(added)}); {why}"
+
 # %% ../nbs/17_explain.ipynb #86b8e5a0
 class _ExplanationSyncs:
     "Which correction needs each sync the default adds (a part of `Explanation`)."
@@ -264,10 +280,8 @@ class _ExplanationSyncs:
         d, up = self.modes["default"], self.modes.get("upstream")
         added = d.added
         total, kept = sum(added.values()), added.pop(None, 0)   # kept: the seed's syncs the default makes too, the program's
-        per = ", ".join(f"correction {k}: {v}" for k, v in sorted(added.items())) or "none"
-        if up is None or up.error is not None:   # no seed row, or one processed alone: not like for like
-            why = "the seed's passes fail here" if up is None else "the upstream row's backward was processed alone"
-            return f"default: {sum(added.values())} of its {total} syncs (joint graph) added by corrections ({per}); {why}"
+        per = _per_correction(added)
+        if up is None or up.error is not None: return _not_like_for_like(up, added, total)
         seed = sum(up.added.values())
         if not added and kept == seed: return None
         text = f"default adds {sum(added.values())} syncs (joint graph: upstream {seed}, default {total}): {per}"
