@@ -13,15 +13,15 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import (VectorClocks, blocks, check_stream_ops, decode, forward_ready, input_streams_of, is_view, physical_stream, reserve_indices_in_use, storages,
+from .streamops import (VectorClocks, blocks, check_stream_ops, decode, forward_ready, input_streams, input_streams_of, is_view, physical_stream, reserve_indices_in_use, storages,
                                 written_args)
-from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
+from .graph import (FWD_TAGS, StreamnbError, StreamRegistry, check_graph_module, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
                             streams)
 
 # %% auto #0
 __all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'mark_added', 'added_by', 'HostValueError',
-           'SeedSyncs', 'CorrectedSyncs', 'insert_sync', 'insert_backward_syncs']
+           'SeedSyncs', 'CorrectedSyncs', 'insert_sync', 'redundant_waits', 'insert_backward_syncs']
 
 # %% ../nbs/11_syncs.ipynb #e0c77d2c
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
@@ -77,6 +77,8 @@ class SeedSyncs:
     def reads(self, consumer: Node, gm: GraphModule) -> bool:
         "Is `consumer` a reader that may need a wait? Every node: a stream op too (`record_stream` has no `val` and fails)."
         return True
+    def prune(self, gm: GraphModule) -> None:
+        "After the pass: remove the waits a correction added that order nothing new. The seed adds none: nothing to do."
     def added(self, sync: Node, number: int | None) -> None:
         "A sync this pass just inserted, and the correction that needs it: the seed adds none of its own, nothing to record."
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]:
@@ -119,6 +121,7 @@ class CorrectedSyncs(SeedSyncs):
                 "made on, one record at the graph's entry, and one wait before each side stream's first such read")
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]: return _entry_reads(gm)
     def added(self, sync: Node, number: int | None) -> None: mark_added(sync, number)   # for `explain`
+    def prune(self, gm: GraphModule) -> None: _prune_added(gm)   # (corrections 1 and 10 add no wait in vain)
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
 def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> tuple:
@@ -302,6 +305,68 @@ def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, tuple[Node, list[
         for reader, values in readers.values():
             mark_added(insert_wait_event_before_node(gm.graph, reader, e), 29).meta["entry_reads"] = values
 
+# %% ../nbs/11_syncs.ipynb #0eb4619e
+def _prune_added(gm: GraphModule) -> None:
+    """Remove the waits a correction added (`added_by`) that order nothing new (`redundant_waits`), then the records a
+    correction added that no wait needs any more. The seed's syncs (and the program's) stay as they are."""
+    waits = gm.graph.find_nodes(op="call_function", target=streams.wait_event.default)
+    if all(added_by(w) is None for w in waits): return   # (none added: no walk)
+    gone = [w for w in redundant_waits(gm) if added_by(w) is not None and not w.users]
+    for w in gone: gm.graph.erase_node(w)
+    ops = [op for n in gm.graph.nodes if (op := decode(n, gm)) is not None] if gone else []
+    used = {op.event for op in ops if op.kind != "record_event"}
+    for op in ops:
+        if op.kind == "record_event" and added_by(op.node) is not None and op.event not in used and not op.node.users:
+            gm.graph.erase_node(op.node)
+
+# %% ../nbs/11_syncs.ipynb #4fd6aaaa
+def _launches(n: Node) -> bool: return n.op in ("call_function", "call_method", "call_module")
+
+# %% ../nbs/11_syncs.ipynb #f0cbc532
+def _memory_waits(gm: GraphModule) -> set[Node]:
+    "The compute nodes that write memory in place, or read memory some node writes in place: their waits order memory."
+    mem = storages(gm)
+    written = {b for n in gm.graph.nodes if n.op == "call_function" for t in written_args(n) for b in blocks(mem.get(t))}
+    return {n for n in gm.graph.nodes if n.op == "call_function" and
+            (written_args(n) or any(b in written for i in n.all_input_nodes for b in blocks(mem.get(i))))}
+
+# %% ../nbs/11_syncs.ipynb #3ccc77ce
+def _consumer(wait: Node, gm: GraphModule) -> Node:
+    "The node a wait was inserted before: the first node after it that is not a stream op."
+    n = wait.next
+    while n.op == "call_function" and decode(n, gm) is not None: n = n.next
+    return n
+
+# %% ../nbs/11_syncs.ipynb #cf45e186
+def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> list[Node]:
+    """The `wait_event`s that order nothing new, in program order and along data edges: the waiting stream's clock
+    already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
+    one's, and the wait's consumer is a plain reader (not the output, no memory written in place)."""
+    check_graph_module(gm)
+    reg = registry if registry is not None else get_registry()
+    ph = lambda i: physical_stream(i, reg)
+    vc, out, recorded_on, direct = VectorClocks(), [], {}, {}   # direct: (waiting, recording stream) -> its last kernel
+    for p, ready in input_streams(gm, reg).items():             # inputs made before the graph (correction 29's waits)
+        if ready is not None: vc.made_before(p.name, ready)
+    memory = None                                               # computed once, at the first candidate
+    for n in gm.graph.nodes:
+        op = decode(n, gm)
+        if op is None:
+            if _launches(n): vc.launch(ph(get_stream(n)))
+            continue
+        if op.kind == "record_event": recorded_on[op.event] = ph(op.stream)
+        if op.kind == "wait_event" and op.event in vc.events:
+            s, r = ph(op.stream), recorded_on.get(op.event)
+            k = vc.events[op.event].get(r, 0)
+            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k:
+                c = _consumer(n, gm)
+                memory = _memory_waits(gm) if memory is None else memory
+                if c.op == "call_function" and c not in memory:
+                    out.append(n); continue      # a covered wait changes no clock
+            direct[s, r] = max(direct.get((s, r), 0), k)
+        vc.apply(op, ph)
+    return out
+
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
     "The seed's test for a (consumer, producer) edge that may need a sync, before the device check."
@@ -352,3 +417,4 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
                     _attribute(p, user, _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind), 10, *seen)
     _order_entry(gm, entry)   # a side stream's first read of an input waits for the stream it was made on
     _join_outputs(gm, outs, node_to_wait_event_ind)   # the caller reads the outputs on the current stream
+    p.prune(gm)   # the default: no wait a correction added that orders nothing new
