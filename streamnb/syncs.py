@@ -306,12 +306,17 @@ def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, tuple[Node, list[
             mark_added(insert_wait_event_before_node(gm.graph, reader, e), 29).meta["entry_reads"] = values
 
 # %% ../nbs/11_syncs.ipynb #0eb4619e
+def _prunable(wait: Node) -> bool:
+    "A wait a correction added, but not one for what was made before the graph (the wrap threads those values through it)."
+    return added_by(wait) is not None and "entry_reads" not in wait.meta
+
+# %% ../nbs/11_syncs.ipynb #ab64434b
 def _prune_added(gm: GraphModule) -> None:
-    """Remove the waits a correction added (`added_by`) that order nothing new (`redundant_waits`), then the records a
+    """Remove the waits a correction added (`_prunable`) that order nothing new (`redundant_waits`), then the records a
     correction added that no wait needs any more. The seed's syncs (and the program's) stay as they are."""
     waits = gm.graph.find_nodes(op="call_function", target=streams.wait_event.default)
-    if all(added_by(w) is None for w in waits): return   # (none added: no walk)
-    gone = [w for w in redundant_waits(gm) if added_by(w) is not None and not w.users]
+    if not any(map(_prunable, waits)): return   # (none: no walk)
+    gone = [w for w in redundant_waits(gm, only=_prunable) if not w.users]
     for w in gone: gm.graph.erase_node(w)
     ops = [op for n in gm.graph.nodes if (op := decode(n, gm)) is not None] if gone else []
     used = {op.event for op in ops if op.kind != "record_event"}
@@ -338,10 +343,11 @@ def _consumer(wait: Node, gm: GraphModule) -> Node:
     return n
 
 # %% ../nbs/11_syncs.ipynb #cf45e186
-def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> list[Node]:
+def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None, only=None) -> list[Node]:
     """The `wait_event`s that order nothing new, in program order and along data edges: the waiting stream's clock
     already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
-    one's, and the wait's consumer is a plain reader (not the output, no memory written in place)."""
+    one's, and the wait's consumer is a plain reader (not the output, no memory written in place). `only(wait)`: which
+    waits may be removed (default: all); the others count as kept."""
     check_graph_module(gm)
     reg = registry if registry is not None else get_registry()
     ph = lambda i: physical_stream(i, reg)
@@ -358,7 +364,7 @@ def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> 
         if op.kind == "wait_event" and op.event in vc.events:
             s, r = ph(op.stream), recorded_on.get(op.event)
             k = vc.events[op.event].get(r, 0)
-            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k:
+            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k and (only is None or only(n)):
                 c = _consumer(n, gm)
                 memory = _memory_waits(gm) if memory is None else memory
                 if c.op == "call_function" and c not in memory:
