@@ -7,11 +7,13 @@ import warnings
 
 import pytest
 
-from graphgen import random_backward_graph
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from graphgen import alias_graphs, graphs, random_backward_graph, random_dag_graph
 from streamnb.capturing import capture
 from streamnb.cpustreams import cpu_streams
 from streamnb.graph import CORRECTIONS, StreamRegistry, use_registry
-from streamnb.minsync import redundant_waits, run_passes_fewest_syncs
+from streamnb.syncs import redundant_waits
 from streamnb.patterns import PATTERNS, STYLES, build, explain_pattern
 from streamnb.pipeline import run_stream_passes
 from streamnb.sanitizer import sanitize
@@ -73,25 +75,59 @@ def test_explain_says_which_correction_adds_each_sync():
     assert ex.added_note() in " ".join(ex.summary_text().split())
 
 
-def _inserted_redundant(seed):
-    "The waits `insert_backward_syncs` inserted that `redundant_waits` finds, right after that pass (default)."
-    found = []
-    step = lambda gm: found.extend(w for w in redundant_waits(gm) if "streamnb_pass" in w.meta)
-    with use_registry(StreamRegistry(start=10, current_stream=0)):
-        run_stream_passes(random_backward_graph(seed, n_nodes=30), after={"insert_backward_syncs": step})
-    return found
+def _left(gm, added_only=True):
+    "The waits `redundant_waits` finds among those the default may remove (`_prunable`), or among every inserted wait."
+    from streamnb.syncs import _prunable
+    only = _prunable if added_only else (lambda w: "streamnb_pass" in w.meta)
+    return redundant_waits(gm, only=only)
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_the_redundant_waits_are_safe_to_remove(seed):
-    "With them removed (chapter 21a's `run_passes_fewest_syncs`), the output is still clean, in order and reordered."
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(graphs(n_streams=3, n_forward=0), alias_graphs()))   # (a forward's syncs are the program's)
+def test_the_default_adds_no_wait_that_orders_nothing_new(g):
+    """Property, on generated graphs (fixed seed, at most 40 compute nodes): after `insert_backward_syncs`, no wait a
+    correction added orders nothing new (program order and data edges, chapter 21a's check), and the whole default
+    pipeline's output stays clean in program order and under reordering."""
+    left = []
     reg = lambda: StreamRegistry(start=10, current_stream=0)
     with use_registry(reg()):
-        g = run_passes_fewest_syncs(random_backward_graph(seed, n_nodes=30))
+        run_stream_passes(g, after={"insert_backward_syncs": lambda gm: left.extend(_left(gm))})
+    assert left == [], [w.name for w in left]
     assert sanitize(g, registry=reg()).ok and sanitize(g, registry=reg(), reorder=True).ok
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50 item 4, open: the default keeps waits that order nothing new (on 57 "
-                   "of 60 such graphs; /tmp note of branch i50r); removing them is safe (the test above)")
-def test_the_default_keeps_no_redundant_wait():
-    assert [s for s in range(10) if _inserted_redundant(s)] == []
+@pytest.mark.parametrize("shape", ["stress", "dag"])
+def test_no_added_wait_left_on_the_benchmark_shapes(shape):
+    "The benchmark's shapes at 2k final nodes (benchmarks/bench_passes.py), where the measure found most (issue 50)."
+    g = (random_backward_graph(0, n_nodes=420, n_streams=3, n_primals=8, n_tangents=8, p_stay=0.9, p_user_sync=0.02,
+                               p_consume=0.5, fast=True) if shape == "stress" else random_dag_graph(0, n_ops=333))
+    left = []
+    with use_registry(StreamRegistry(start=100, current_stream=0)):
+        run_stream_passes(g, after={"insert_backward_syncs": lambda gm: left.extend(_left(gm))})
+    assert left == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 50 item 4, what is left: a wait that stands for the seed's own (its first "
+                   "wait for a value) can order nothing new too; the default keeps the seed's syncs so that where the "
+                   "seed is right both modes give the same graph (measured in branch i50r's note)")
+def test_the_default_keeps_no_redundant_wait_at_all():
+    left = []
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        for seed in range(10):
+            run_stream_passes(random_backward_graph(seed, n_nodes=30),
+                              after={"insert_backward_syncs": lambda gm: left.extend(_left(gm, added_only=False))})
+    assert left == []
+
+
+def test_without_the_removal_the_property_fails(monkeypatch):
+    "Not vacuous: with the removal off, the same check finds waits a correction added in vain on most of these graphs."
+    from streamnb.syncs import CorrectedSyncs
+    monkeypatch.setattr(CorrectedSyncs, "prune", lambda self, gm: None)
+    found = []
+    with use_registry(StreamRegistry(start=10, current_stream=0)):
+        for seed in range(10):
+            left = []
+            run_stream_passes(random_backward_graph(seed, n_nodes=30),
+                              after={"insert_backward_syncs": lambda gm: left.extend(_left(gm))})
+            found.append(len(left))
+    assert sum(n > 0 for n in found) >= 5, found
