@@ -268,7 +268,7 @@ def _per_correction(added: Counter) -> str:
 def _not_like_for_like(up: ModeResult | None, added: Counter, total: int) -> str:
     "The default's added syncs where no seed row (or one processed alone) gives a count to compare with."
     why = "the seed's passes fail here" if up is None else "the upstream row's backward was processed alone"
-    return f"default: {sum(added.values())} of its {total} syncs (joint graph) added by corrections ({_per_correction(added)}); {why}"
+    return f"the default's corrections add {sum(added.values())} of its {total} syncs (joint graph: {_per_correction(added)}); {why}"
 
 # %% ../nbs/17_explain.ipynb #86b8e5a0
 class _ExplanationSyncs:
@@ -284,7 +284,7 @@ class _ExplanationSyncs:
         if up is None or up.error is not None: return _not_like_for_like(up, added, total)
         seed = sum(up.added.values())
         if not added and kept == seed: return None
-        text = f"default adds {sum(added.values())} syncs (joint graph: upstream {seed}, default {total}): {per}"
+        text = f"the default adds {sum(added.values())} syncs (joint graph: upstream {seed}, default {total}): {per}"
         if kept < seed:   # not pinned on one correction: said, not hidden
             text += (f"; it does not make {seed - kept} of the seed's {seed} syncs (e.g. it protects a storage block once "
                      "where the seed protects each alias of it): not attributed to a correction")

@@ -71,7 +71,7 @@ def test_explain_says_which_correction_adds_each_sync():
     ex = explain_pattern("batch_prefetch", "annotate")
     de, up = ex.modes["default"], ex.modes["upstream"]
     assert up.error is None and de.added == collections.Counter({29: 2}) and set(up.added) <= {None}
-    assert ex.added_note() == "default adds 2 syncs (joint graph: upstream 0, default 2): correction 29: 2"
+    assert ex.added_note() == "the default adds 2 syncs (joint graph: upstream 0, default 2): correction 29: 2"
     assert ex.added_note() in " ".join(ex.summary_text().split())
 
 
