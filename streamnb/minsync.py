@@ -16,7 +16,7 @@ __all__ = ['minimize_syncs', 'redundant_wait_graph', 'fewest_syncs_after', 'as_b
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
 from .graph import check_graph_module, transaction, validate
-from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
+from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, use_registry
 from .streamops import decode
 from .syncs import redundant_waits
 from .simulator import us
