@@ -244,7 +244,7 @@ def join_write_backs(gm: GraphModule) -> list[Node]:
         with gm.graph.inserting_after(w): rec = gm.graph.call_function(streams.record_event.default, (e, s))
         with gm.graph.inserting_before(end):
             wait = gm.graph.call_function(streams.wait_event.default, (e, get_current_stream(get_device(w))))
-        for n in (rec, wait): n.meta["partitioner_tag"] = "must_be_in_forward"
+        for n in (rec, wait): n.meta["partitioner_tag"] = "must_be_in_forward"; n.meta["streamnb_correction"] = 31   # (11's `mark_added`)
         inserted += [rec, wait]
     return inserted
 

@@ -21,6 +21,7 @@ from .graph import check_graph_module
 from .graph import (FWD_TAGS, SYNC_OPS, StreamnbError, UnknownEventError, aten, correction, stream_pass, get_registry,
                             get_stream, is_bwd_node, is_control_deps, streams)
 from .streamops import OPS, StreamOp, blocks, check_stream_ops, decode, is_view, storages, written_args
+from .syncs import added_by, mark_added
 
 # %% auto #0
 __all__ = ['HoistError', 'hoist_above', 'EmptyGraphError', 'check_events_recorded', 'SeedWrap', 'CorrectedWrap',
@@ -71,13 +72,13 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
     deps_with_uses_after_sync = [dep for dep in deps_before_sync
                                  if any(u not in visited and not (keeps and keeps(u, dep)) for u in dep.users)
                                  or (output is not None and output.reads(dep, visited))]
-    subgraph_module = fastfx.create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync)
     subgraph_attr_name = fastfx.subgraph_name(gm, sync_node.name)
-    setattr(gm, subgraph_attr_name, subgraph_module)
+    setattr(gm, subgraph_attr_name, fastfx.create_subgraph_for_node(graph, sync_node, deps_with_uses_after_sync))
     with graph.inserting_before(sync_node):
         get_subgraph = fastfx.create_node(graph, "get_attr", subgraph_attr_name)
         control_deps_node = fastfx.call_function(
             graph, control_deps, (tuple(deps_before_sync), get_subgraph, *deps_with_uses_after_sync))
+    mark_added(control_deps_node, added_by(sync_node))   # the correction that added the sync, if any (chapter 11)
     # New nodes count as walked, so that later syncs do not take them for users "after" the sync.
     visited.add(get_subgraph); visited.add(control_deps_node)
     replacements: dict[Node, Node] = {}

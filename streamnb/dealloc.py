@@ -15,8 +15,8 @@ from .cost import DeviceSpec, get_roofline_estimate, val_nodes
 from .graph import (IndexedDict, StreamnbError, get_stream, stream_pass, require_val, get_stream_or_current_stream,
                             is_bwd_node, is_control_deps, correction, new_event)
 from . import fastfx
-from .streamops import OPS, Storage, aliases, check_stream_ops, is_view, owner, reserve_indices_in_use, storages
-from .syncs import insert_record_event_after_node
+from .streamops import OPS, Storage, aliases, blocks, check_stream_ops, is_view, owner, reserve_indices_in_use, storages
+from .syncs import insert_record_event_after_node, mark_added
 
 # %% auto #0
 __all__ = ['MECHANISMS', 'SeedDealloc', 'CorrectedDealloc', 'populate_stream_timeline', 'handle_synced_deallocation',
@@ -65,6 +65,8 @@ class SeedDealloc:
     def handles(self, node: Node) -> bool:
         "Step 5: is `node` a tensor the pass protects? The backward's only."
         return is_bwd_node(node)
+    def added(self, node: Node, last_usage: Node) -> int | None:
+        "The correction that needs the syncs protecting `node` from `last_usage` beyond the seed's: the seed's own, none."
 
 # %% ../nbs/12_dealloc.ipynb #095e8d95
 class _CorrectedDeallocSteps:
@@ -115,6 +117,26 @@ class CorrectedDealloc(_CorrectedDeallocSteps, SeedDealloc):
                 "forward values get the same protection, placed on the forward's own timelines, and the syncs stay in "
                 "the forward (newer PyTorch turns such a `del` into `record_event` + `sync_dealloc`, PR #178370)")
     def handles(self, node: Node) -> bool: return True
+    def added(self, node: Node, last_usage: Node) -> int | None: return _added(self, node, last_usage)   # (`explain`)
+
+# %% ../nbs/12_dealloc.ipynb #44bf7382
+def _forward_added(p: SeedDealloc, node: Node) -> int:
+    "A forward value's protection: 22, or 25 in a graph with no backward (the seed runs no dealloc pass there)."
+    if getattr(p, "_bwd_graph", None) is not node.graph:
+        p._bwd_graph, p._has_bwd = node.graph, any(is_bwd_node(n) for n in node.graph.nodes)
+    return 22 if p._has_bwd else 25
+
+# %% ../nbs/12_dealloc.ipynb #cdb2acce
+def _added(p: SeedDealloc, node: Node, last_usage: Node) -> int | None:
+    """Which correction needs the default's syncs protecting `node` from `last_usage` (asked before any is inserted): for
+    a backward value, a protection from the stream of the seed's last user of the block or an alias of it stands for the
+    seed's (None); any other is 2 (another stream's last use) or 15 (a use through an alias)."""
+    if not is_bwd_node(node): return _forward_added(p, node)
+    mem, al = p._storage(node.graph)
+    seed = [u for a in {node, *(a for b in blocks(mem.get(node)) for a in al.get(b, ()))} if is_bwd_node(a)
+            for u in SeedDealloc.last_uses(p, a)]
+    if get_stream(last_usage) in {get_stream(u) for u in seed}: return None
+    return 2 if node in last_usage.all_input_nodes else 15
 
 # %% ../nbs/12_dealloc.ipynb #a8bc9ecb
 def _policy(upstream: bool, mechanism: str = "sync_dealloc", device: str | DeviceSpec = "H100") -> SeedDealloc:
@@ -198,8 +220,9 @@ def _insert_record_stream(graph: Graph, node: Node, stream_ind: int) -> Node:
         return graph.call_function(streams.record_stream.default, (node, stream_ind), {})
 
 # %% ../nbs/12_dealloc.ipynb #9029a377
-def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node) -> None:
-    "The seed's `handle_synced_deallocation`, asking `p` at each decision."
+def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node, last_usage: Node,
+            why: int | None = None) -> None:
+    "The seed's `handle_synced_deallocation`, asking `p` at each decision; `why`: the correction its syncs are for."
     alloc = p.allocator(node)   # the seed: `node` itself
     if not (p.handles(alloc) and p.handles(last_usage)):
         raise AssertionError("synced allocations should only be handled on backward nodes")
@@ -208,7 +231,9 @@ def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node
     if get_stream(alloc) == get_stream(last_usage):
         raise AssertionError("allocating and side stream should be different for synced deallocations")
     if p.mechanism == "record_stream":   # the seed: `if not torch.cuda.is_available()`
+        before = set(node.users)
         go_on = p.record_stream(graph, node, last_usage)
+        for u in [u for u in node.users if u not in before]: mark_added(u, why)   # its record_stream
         if bwd: node.meta["partitioner_tag"] = "must_be_in_backward"
         if not go_on: return
     allocating_stream_trace = _populate(p, stream_to_exec_trace, graph, get_stream(alloc))
@@ -218,6 +243,7 @@ def _handle(p: SeedDealloc, graph: Graph, stream_to_exec_trace: dict, node: Node
     record_node = insert_record_event_after_node(graph, last_usage, wait_event)
     with graph.inserting_after(max(alloc_ptr, record_node)):
         free = fastfx.call_function(graph, streams.sync_dealloc.default, (wait_event, p.wait_stream(alloc, alloc_ptr), node))
+    mark_added(record_node, why); mark_added(free, why)
     if bwd: node.meta["partitioner_tag"] = "must_be_in_backward"
     else: record_node.meta["partitioner_tag"] = free.meta["partitioner_tag"] = "must_be_in_forward"   # (22)
 
@@ -266,7 +292,9 @@ def sync_deallocations(gm: GraphModule, *, upstream: bool = False, mechanism: st
     traces = {True: p.timelines(gm.graph)}   # the backward's, and the forward's once needed (22)
     for node in gm.graph.nodes:
         if node.op == "call_function" and p.handles(node):
-            for last_usage in p.last_uses(node):
+            uses = p.last_uses(node)
+            whys = [p.added(node, u) for u in uses]   # before a sync of `node` is one of its users
+            for last_usage, why in zip(uses, whys):
                 bwd = is_bwd_node(node)
                 if bwd not in traces: traces[bwd] = _all_stream_timelines(p, gm.graph, bwd)
-                _handle(p, gm.graph, traces[bwd], node, last_usage)
+                _handle(p, gm.graph, traces[bwd], node, last_usage, why)

@@ -21,7 +21,8 @@ from .capturing import Capture, capture
 from .assign import _origin
 from .tracing import PartitionError
 from .graph import StreamnbError, StreamRegistry, get_stream, use_registry
-from .streamops import count_syncs
+from .streamops import count_syncs, decode
+from .syncs import added_by
 from .pipeline import run_stream_passes
 from .plot import plot_memory, plot_timeline
 from .sanitizer import Report, sanitize
@@ -29,6 +30,11 @@ from .simulator import Timeline, simulate
 
 # %% auto #0
 __all__ = ['ModeResult', 'table_lines', 'Explanation', 'as_written', 'custom_backward_as_written', 'explain', 'show_explanation']
+
+# %% ../nbs/17_explain.ipynb #ad198983
+def _added_in(gm: GraphModule) -> Counter:
+    "The syncs of `gm` (stream ops but fork/join) by `added_by` (chapter 11)."
+    return Counter(added_by(n) for n in gm.graph.nodes if (op := decode(n, gm)) is not None and op.kind not in ("fork", "join"))
 
 # %% ../nbs/17_explain.ipynb #7881a002
 @dataclass
@@ -50,6 +56,13 @@ class ModeResult:
     def syncs(self) -> int:
         "The syncs in the processed backward graph (forward only: the forward): its stream ops but `fork`/`join` (chapter 08's `count_syncs`)."
         return count_syncs(self.backward if self.backward is not None else self.forward)
+
+    @property
+    def added(self) -> Counter:
+        """The syncs of the processed joint graph (before the partition, which may copy or move a sync; else the graph
+        `syncs` counts), by the correction that added each beyond the seed's (chapter 11's `added_by`; None: not added)."""
+        gm = getattr(self.capture, "joint", None) or (self.backward if self.backward is not None else self.forward)
+        return _added_in(gm)
 
 # %% ../nbs/17_explain.ipynb #6bf57384
 def _matches_eager(cap: Capture, inputs) -> bool:
@@ -246,6 +259,38 @@ class _ExplanationPart2:
         return (f"forward: the program as written has {count} that the default's processed forward does not: {why}. "
                 f"{eager}torch 2.13's passes (the upstream row) add no forward sync: fix the program. The first: {first}")
 
+# %% ../nbs/17_explain.ipynb #896cd46b
+def _per_correction(added: Counter) -> str:
+    "`correction 1: 2, correction 17: 1` (none: `none`)."
+    return ", ".join(f"correction {k}: {v}" for k, v in sorted(added.items())) or "none"
+
+# %% ../nbs/17_explain.ipynb #a2986096
+def _not_like_for_like(up: ModeResult | None, added: Counter, total: int) -> str:
+    "The default's added syncs where no seed row (or one processed alone) gives a count to compare with."
+    why = "the seed's passes fail here" if up is None else "the upstream row's backward was processed alone"
+    return f"the default's corrections add {sum(added.values())} of its {total} syncs (joint graph: {_per_correction(added)}); {why}"
+
+# %% ../nbs/17_explain.ipynb #86b8e5a0
+class _ExplanationSyncs:
+    "Which correction needs each sync the default adds (a part of `Explanation`)."
+    def added_note(self) -> str | None:
+        """The syncs the default adds beyond the seed's in the processed joint graph, per correction
+        (`ModeResult.added`); what cannot be pinned on a correction is said as such. None where the default adds none."""
+        if "default" not in self.modes: return None
+        d, up = self.modes["default"], self.modes.get("upstream")
+        added = d.added
+        total, kept = sum(added.values()), added.pop(None, 0)   # kept: the seed's syncs the default makes too, the program's
+        per = _per_correction(added)
+        if up is None or up.error is not None: return _not_like_for_like(up, added, total)
+        seed = sum(up.added.values())
+        if not added and kept == seed: return None
+        text = f"the default adds {sum(added.values())} syncs (joint graph: upstream {seed}, default {total}): {per}"
+        if kept < seed:   # not pinned on one correction: said, not hidden
+            text += (f"; it does not make {seed - kept} of the seed's {seed} syncs (e.g. it protects a storage block once "
+                     "where the seed protects each alias of it): not attributed to a correction")
+        elif kept > seed: text += f"; {kept - seed} more syncs carry no correction: not attributed"
+        return text
+
 # %% ../nbs/17_explain.ipynb #647dec13
 class _ExplanationPart3:
     "The backward's note and the summary table as text (a part of `Explanation`)."
@@ -277,7 +322,8 @@ class _ExplanationPart3:
         if self.seed_failure is not None:
             notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
                             "streamnb's default rules process it (the README's corrections table says which rule differs)")
-        notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note(), self.write_back_note()]
+        notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note(), self.write_back_note(),
+                                    self.added_note()]
                   if n for line in n.split("\n")]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
@@ -318,7 +364,7 @@ class _ExplanationPart4:
 # %% ../nbs/17_explain.ipynb #cbe1e9d4
 @dataclass
 class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4, _ExplanationForwardOnly,
-                  _ExplanationWriteBacks):
+                  _ExplanationWriteBacks, _ExplanationSyncs):
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
     capture: Capture
     before: Timeline

@@ -11,66 +11,19 @@ from typing import Callable
 from torch.fx import GraphModule, Node
 
 # %% auto #0
-__all__ = ['redundant_waits', 'minimize_syncs', 'redundant_wait_graph', 'fewest_syncs_after', 'as_backward',
-           'run_passes_fewest_syncs', 'fewest_syncs_start', 'fewest_syncs_exercise']
+__all__ = ['minimize_syncs', 'redundant_wait_graph', 'fewest_syncs_after', 'as_backward', 'run_passes_fewest_syncs',
+           'fewest_syncs_start', 'fewest_syncs_exercise']
 
 # %% ../nbs/21a_fewest_syncs.ipynb #7ebaddce
 from .graph import check_graph_module, transaction, validate
-from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, get_registry, get_stream, use_registry
-from .streamops import VectorClocks, blocks, decode, input_streams, physical_stream, storages, written_args
+from .graph import PIPELINE_ORDER, GraphBuilder, StreamRegistry, aten, use_registry
+from .streamops import decode
+from .syncs import redundant_waits
 from .simulator import us
 from .pipeline import run_stream_passes
 from .exercises import Exercise
 from .streamops import count_syncs
 from .strategies import graph_part
-
-# %% ../nbs/21a_fewest_syncs.ipynb #592ab8b3
-def _launches(n: Node) -> bool: return n.op in ("call_function", "call_method", "call_module")
-
-# %% ../nbs/21a_fewest_syncs.ipynb #f8ec50de
-def _memory_waits(gm: GraphModule) -> set[Node]:
-    "The compute nodes that write memory in place, or read memory some node writes in place: their waits order memory."
-    mem = storages(gm)
-    written = {b for n in gm.graph.nodes if n.op == "call_function" for t in written_args(n) for b in blocks(mem.get(t))}
-    return {n for n in gm.graph.nodes if n.op == "call_function" and
-            (written_args(n) or any(b in written for i in n.all_input_nodes for b in blocks(mem.get(i))))}
-
-# %% ../nbs/21a_fewest_syncs.ipynb #ad147608
-def _consumer(wait: Node, gm: GraphModule) -> Node:
-    "The node a wait was inserted before: the first node after it that is not a stream op."
-    n = wait.next
-    while n.op == "call_function" and decode(n, gm) is not None: n = n.next
-    return n
-
-# %% ../nbs/21a_fewest_syncs.ipynb #6c10c570
-def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None) -> list[Node]:
-    """The `wait_event`s that order nothing new, in program order and along data edges: the waiting stream's clock
-    already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
-    one's, and the wait's consumer is a plain reader (not the output, no memory written in place)."""
-    check_graph_module(gm)
-    reg = registry if registry is not None else get_registry()
-    ph = lambda i: physical_stream(i, reg)
-    vc, out, recorded_on, direct = VectorClocks(), [], {}, {}   # direct: (waiting, recording stream) -> its last kernel
-    for p, ready in input_streams(gm, reg).items():             # inputs made before the graph (correction 29's waits)
-        if ready is not None: vc.made_before(p.name, ready)
-    memory = None                                               # computed once, at the first candidate
-    for n in gm.graph.nodes:
-        op = decode(n, gm)
-        if op is None:
-            if _launches(n): vc.launch(ph(get_stream(n)))
-            continue
-        if op.kind == "record_event": recorded_on[op.event] = ph(op.stream)
-        if op.kind == "wait_event" and op.event in vc.events:
-            s, r = ph(op.stream), recorded_on.get(op.event)
-            k = vc.events[op.event].get(r, 0)
-            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k:
-                c = _consumer(n, gm)
-                memory = _memory_waits(gm) if memory is None else memory
-                if c.op == "call_function" and c not in memory:
-                    out.append(n); continue      # a covered wait changes no clock
-            direct[s, r] = max(direct.get((s, r), 0), k)
-        vc.apply(op, ph)
-    return out
 
 # %% ../nbs/21a_fewest_syncs.ipynb #cc3b1357
 def minimize_syncs(gm: GraphModule, registry: StreamRegistry | None = None) -> tuple[int, int]:

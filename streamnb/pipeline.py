@@ -20,7 +20,7 @@ from .cost import DeviceSpec, get_device_spec
 from .dealloc import sync_deallocations
 from .fastfx import paused_gc
 from .metadata import populate_fw_metadata_with_stream_indices
-from .syncs import insert_backward_syncs
+from .syncs import insert_backward_syncs, mark_added
 
 # %% ../nbs/15_pipeline.ipynb #e00a7882
 _BY_NAME = {p.__name__: p for p in (assign_backward_streams, assign_epilogue_copy_streams, insert_backward_syncs,
@@ -50,7 +50,7 @@ def sync_forward(gm: GraphModule) -> GraphModule:
         try: insert_backward_syncs.__wrapped__(gm)   # the pass itself: the graph is not marked as synced
         finally:
             for n in gm.graph.nodes:
-                if n not in tags: n.meta["partitioner_tag"] = "must_be_in_forward"
+                if n not in tags: mark_added(n, 24).meta["partitioner_tag"] = "must_be_in_forward"
                 elif tags[n] is None: del n.meta["partitioner_tag"]
                 else: n.meta["partitioner_tag"] = tags[n]
     return gm

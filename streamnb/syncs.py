@@ -13,15 +13,15 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 from . import fastfx
-from .streamops import (VectorClocks, blocks, check_stream_ops, decode, forward_ready, input_streams_of, is_view, physical_stream, reserve_indices_in_use, storages,
+from .streamops import (VectorClocks, blocks, check_stream_ops, decode, forward_ready, input_streams, input_streams_of, is_view, physical_stream, reserve_indices_in_use, storages,
                                 written_args)
-from .graph import (FWD_TAGS, StreamnbError, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
+from .graph import (FWD_TAGS, StreamnbError, StreamRegistry, check_graph_module, correction, stream_pass, require_val, flat_args, get_current_stream, get_device,
                             get_registry, get_stream, get_stream_or_current_stream, is_bwd_node, is_control_deps, new_event,
                             streams)
 
 # %% auto #0
-__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'HostValueError', 'SeedSyncs', 'CorrectedSyncs',
-           'insert_sync', 'insert_backward_syncs']
+__all__ = ['insert_record_event_after_node', 'insert_wait_event_before_node', 'mark_added', 'added_by', 'HostValueError',
+           'SeedSyncs', 'CorrectedSyncs', 'insert_sync', 'redundant_waits', 'insert_backward_syncs']
 
 # %% ../nbs/11_syncs.ipynb #e0c77d2c
 def insert_record_event_after_node(graph: Graph, node: Node, event_ind: int) -> Node:
@@ -38,6 +38,18 @@ def insert_wait_event_before_node(graph: Graph, node: Node, event_ind: int) -> N
         wait = fastfx.call_function(graph, streams.wait_event.default, (event_ind, get_stream_or_current_stream(node)))
     wait.meta["partitioner_tag"] = "must_be_in_backward"
     return wait
+
+# %% ../nbs/11_syncs.ipynb #8ed72908
+_ADDED_BY = "streamnb_correction"   # meta key: the correction that made the default add a sync beyond the seed's
+
+def mark_added(node: Node, number: int | None) -> Node:
+    "Record on the sync `node` the correction that made the default add it beyond the seed's syncs (None: the seed's too)."
+    if number is not None: node.meta[_ADDED_BY] = number
+    return node
+
+def added_by(node: Node) -> int | None:
+    "The correction that made the default add the sync `node` (`meta['streamnb_correction']`); None: the seed's or the program's."
+    return node.meta.get(_ADDED_BY)
 
 # %% ../nbs/11_syncs.ipynb #c2b3c990
 class HostValueError(StreamnbError, TypeError):
@@ -65,6 +77,10 @@ class SeedSyncs:
     def reads(self, consumer: Node, gm: GraphModule) -> bool:
         "Is `consumer` a reader that may need a wait? Every node: a stream op too (`record_stream` has no `val` and fails)."
         return True
+    def prune(self, gm: GraphModule) -> None:
+        "After the pass: remove the waits a correction added that order nothing new. The seed adds none: nothing to do."
+    def added(self, sync: Node, number: int | None) -> None:
+        "A sync this pass just inserted, and the correction that needs it: the seed adds none of its own, nothing to record."
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]:
         "Reads, on another stream, of what was made before the backward (inputs, saved forward values): none are ordered."
         return {}
@@ -104,16 +120,30 @@ class CorrectedSyncs(SeedSyncs):
                 "wait: PyTorch syncs only between computed nodes, never from a placeholder", "per stream such values were "
                 "made on, one record at the graph's entry, and one wait before each side stream's first such read")
     def entry_reads(self, gm: GraphModule) -> dict[tuple, dict[int, Node]]: return _entry_reads(gm)
+    def added(self, sync: Node, number: int | None) -> None: mark_added(sync, number)   # for `explain`
+    def prune(self, gm: GraphModule) -> None: _prune_added(gm)   # (corrections 1 and 10 add no wait in vain)
 
 # %% ../nbs/11_syncs.ipynb #6fbfe6d0
-def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> None:
-    "The seed's `insert_sync`, asking `p` whether `consumer` gets a wait."
-    recorded = producer not in node_to_wait_event_ind
+def _insert_sync(p: SeedSyncs, graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict) -> tuple:
+    "The seed's `insert_sync`, asking `p` whether `consumer` gets a wait; `(record, wait)` inserted (None: not inserted)."
+    recorded, record, wait = producer not in node_to_wait_event_ind, None, None
     if recorded:
         node_to_wait_event_ind[producer] = new_event()
-        insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
+        record = insert_record_event_after_node(graph, producer, node_to_wait_event_ind[producer])
     if p.new_wait(consumer, producer, node_to_wait_event_ind, recorded):
-        insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+        wait = insert_wait_event_before_node(graph, consumer, node_to_wait_event_ind[producer])
+    return record, wait
+
+# %% ../nbs/11_syncs.ipynb #6e1bbfd3
+def _attribute(p: SeedSyncs, producer: Node, syncs: tuple, why: int | None, seeded: set, waited: set) -> None:
+    """Tell `p` which correction needs each sync `_insert_sync` just made for `producer` (`why`: the edge's, None for a
+    data edge). The seed records each producer in `seeded` once and waits for it once: the default's first record and
+    first wait for such a producer stand for the seed's, whatever edge made them; every other sync is `why`'s (or 1's)."""
+    record, wait = syncs
+    if record is not None: p.added(record, None if producer in seeded else why)
+    if wait is not None:
+        p.added(wait, None if producer in seeded and producer not in waited else (why or 1))
+        waited.add(producer)
 
 # %% ../nbs/11_syncs.ipynb #7fc2f6cb
 def insert_sync(graph: Graph, consumer: Node, producer: Node, node_to_wait_event_ind: dict, *,
@@ -230,11 +260,11 @@ def _join_outputs(gm: GraphModule, producers: list[Node], node_to_wait_event_ind
     for (s, dev), w in sorted(last.items(), key=lambda kv: pos[kv[1]]):
         if (e := node_to_wait_event_ind.get(w)) is None:
             e = node_to_wait_event_ind[w] = new_event()
-            insert_record_event_after_node(gm.graph, w, e)
+            mark_added(insert_record_event_after_node(gm.graph, w, e), 17)
         if dev not in current: current[dev] = get_current_stream(dev)
         with gm.graph.inserting_before(out):
             wait = fastfx.call_function(gm.graph, streams.wait_event.default, (e, current[dev]))
-        wait.meta["partitioner_tag"] = "must_be_in_backward"
+        mark_added(wait, 17).meta["partitioner_tag"] = "must_be_in_backward"
 
 # %% ../nbs/11_syncs.ipynb #e83369ab
 def _made_on(a: Node, reg) -> tuple | None:
@@ -277,9 +307,77 @@ def _order_entry(gm: GraphModule, reads: dict[tuple, dict[int, tuple[Node, list[
         e = new_event()
         with gm.graph.inserting_before(entry):
             record = fastfx.call_function(gm.graph, streams.record_event.default, (e, made))
-        record.meta["partitioner_tag"] = "must_be_in_backward"
+        mark_added(record, 29).meta["partitioner_tag"] = "must_be_in_backward"
         for reader, values in readers.values():
-            insert_wait_event_before_node(gm.graph, reader, e).meta["entry_reads"] = values
+            mark_added(insert_wait_event_before_node(gm.graph, reader, e), 29).meta["entry_reads"] = values
+
+# %% ../nbs/11_syncs.ipynb #0eb4619e
+def _prunable(wait: Node) -> bool:
+    "A wait a correction added, but not one for what was made before the graph (the wrap threads those values through it)."
+    return added_by(wait) is not None and "entry_reads" not in wait.meta
+
+# %% ../nbs/11_syncs.ipynb #ab64434b
+def _prune_added(gm: GraphModule) -> None:
+    """Remove the waits a correction added (`_prunable`) that order nothing new (`redundant_waits`), then the records a
+    correction added that no wait needs any more. The seed's syncs (and the program's) stay as they are."""
+    waits = gm.graph.find_nodes(op="call_function", target=streams.wait_event.default)
+    if not any(map(_prunable, waits)): return   # (none: no walk)
+    gone = [w for w in redundant_waits(gm, only=_prunable) if not w.users]
+    for w in gone: gm.graph.erase_node(w)
+    ops = [op for n in gm.graph.nodes if (op := decode(n, gm)) is not None] if gone else []
+    used = {op.event for op in ops if op.kind != "record_event"}
+    for op in ops:
+        if op.kind == "record_event" and added_by(op.node) is not None and op.event not in used and not op.node.users:
+            gm.graph.erase_node(op.node)
+
+# %% ../nbs/11_syncs.ipynb #4fd6aaaa
+def _launches(n: Node) -> bool: return n.op in ("call_function", "call_method", "call_module")
+
+# %% ../nbs/11_syncs.ipynb #f0cbc532
+def _memory_waits(gm: GraphModule) -> set[Node]:
+    "The compute nodes that write memory in place, or read memory some node writes in place: their waits order memory."
+    mem = storages(gm)
+    written = {b for n in gm.graph.nodes if n.op == "call_function" for t in written_args(n) for b in blocks(mem.get(t))}
+    return {n for n in gm.graph.nodes if n.op == "call_function" and
+            (written_args(n) or any(b in written for i in n.all_input_nodes for b in blocks(mem.get(i))))}
+
+# %% ../nbs/11_syncs.ipynb #3ccc77ce
+def _consumer(wait: Node, gm: GraphModule) -> Node:
+    "The node a wait was inserted before: the first node after it that is not a stream op."
+    n = wait.next
+    while n.op == "call_function" and decode(n, gm) is not None: n = n.next
+    return n
+
+# %% ../nbs/11_syncs.ipynb #cf45e186
+def redundant_waits(gm: GraphModule, registry: StreamRegistry | None = None, only=None) -> list[Node]:
+    """The `wait_event`s that order nothing new, in program order and along data edges: the waiting stream's clock
+    already covers the record's snapshot, it already waited *directly* for a record on the same stream at or after this
+    one's, and the wait's consumer is a plain reader (not the output, no memory written in place). `only(wait)`: which
+    waits may be removed (default: all); the others count as kept."""
+    check_graph_module(gm)
+    reg = registry if registry is not None else get_registry()
+    ph = lambda i: physical_stream(i, reg)
+    vc, out, recorded_on, direct = VectorClocks(), [], {}, {}   # direct: (waiting, recording stream) -> its last kernel
+    for p, ready in input_streams(gm, reg).items():             # inputs made before the graph (correction 29's waits)
+        if ready is not None: vc.made_before(p.name, ready)
+    memory = None                                               # computed once, at the first candidate
+    for n in gm.graph.nodes:
+        op = decode(n, gm)
+        if op is None:
+            if _launches(n): vc.launch(ph(get_stream(n)))
+            continue
+        if op.kind == "record_event": recorded_on[op.event] = ph(op.stream)
+        if op.kind == "wait_event" and op.event in vc.events:
+            s, r = ph(op.stream), recorded_on.get(op.event)
+            k = vc.events[op.event].get(r, 0)
+            if vc.covers(op.event, s) and direct.get((s, r), 0) >= k and (only is None or only(n)):
+                c = _consumer(n, gm)
+                memory = _memory_waits(gm) if memory is None else memory
+                if c.op == "call_function" and c not in memory:
+                    out.append(n); continue      # a covered wait changes no clock
+            direct[s, r] = max(direct.get((s, r), 0), k)
+        vc.apply(op, ph)
+    return out
 
 # %% ../nbs/11_syncs.ipynb #bd5dcb1b
 def _crosses_streams(consumer: Node, producer: Node) -> bool:
@@ -319,13 +417,16 @@ def insert_backward_syncs(gm: GraphModule, *, upstream: bool = False) -> None:
     outs = p.output_producers(gm)   # returned side-stream values: none for the seed
     require_val(_val_readers(edges) | _war_val_readers(war) | set(outs))   # before any change (validated on entry)
     node_to_wait_event_ind: dict = {}
+    # for `_attribute`: the producers the seed records (each once), and those the default has waited for so far
+    seen = {a for _, a in edges if not _host_value(a) and get_device(a).type != "cpu"}, set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_bwd_node(node) and p.reads(node, gm):
             for arg in flat_args(node):
                 if _crosses_streams(node, arg) and not _host_value(arg) and get_device(arg).type != "cpu":
-                    _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind)
+                    _attribute(p, arg, _insert_sync(p, gm.graph, node, arg, node_to_wait_event_ind), None, *seen)
             for user, tensor in war.get(node, ()):   # a write waits for earlier uses on other streams
                 if get_device(tensor).type != "cpu":
-                    _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind)
+                    _attribute(p, user, _insert_sync(p, gm.graph, node, user, node_to_wait_event_ind), 10, *seen)
     _order_entry(gm, entry)   # a side stream's first read of an input waits for the stream it was made on
     _join_outputs(gm, outs, node_to_wait_event_ind)   # the caller reads the outputs on the current stream
+    p.prune(gm)   # the default: no wait a correction added that orders nothing new

@@ -89,7 +89,8 @@ def test_correction_17_exact_syncs():
     assert syncs(gm) == [("record_event", (100, 1)), ("wait_event", (100, 0))]
     rec, wait = (gm.graph.find_nodes(op="call_function", target=t)[0] for t in (REC, WAIT))
     assert rec.prev.name == "w_grad" and wait.next.op == "output"
-    assert rec.meta == wait.meta == {"partitioner_tag": "must_be_in_backward", "streamnb_pass": "insert_backward_syncs"}
+    assert rec.meta == wait.meta == {"partitioner_tag": "must_be_in_backward", "streamnb_pass": "insert_backward_syncs",
+                                     "streamnb_correction": 17}   # (the correction that added them, for explain)
     assert CORRECTIONS[17].chapter == "11_syncs" and "syncs.CorrectedSyncs.output_producers" in CORRECTIONS[17].where
 
 
