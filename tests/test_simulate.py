@@ -75,11 +75,11 @@ def test_wait_orders_the_consumer_and_missing_wait_is_a_race():
 
 
 def test_transitive_ordering_through_an_intermediate_stream():
-    # p on 1 -> record e1 -> wait on 2 -> record e2 on 2 (no kernel on 2 between) -> wait on 0 -> c reads p
+    # p on 1 -> record e3 -> wait on 2 -> record e4 on 2 (no kernel on 2 between) -> wait on 0 -> c reads p
     b = GraphBuilder()
     x = b.input("x")
     p = b.op(aten.neg.default, x, stream=1, name="p")
-    b.sync(REC, 1, 1); b.sync(WAIT, 1, 2); b.sync(REC, 2, 2); b.sync(WAIT, 2, 0)
+    b.sync(REC, 3, 1); b.sync(WAIT, 3, 2); b.sync(REC, 4, 2); b.sync(WAIT, 4, 0)
     c = b.op(aten.neg.default, p, stream=0, name="c")
     tl = simulate(b.output(c), cost={"p": 5.0, "c": 1.0})
     assert tl.spans["c"] == (0, 5.0, 6.0) and tl.unordered_reads == []
@@ -139,12 +139,12 @@ def dealloc_graph(remedy):
     b = GraphBuilder()
     x = b.input("x")                                                # 64 bytes, resident
     t = b.op(aten.mul.Tensor, x, x, stream=0, name="t")            # 64 bytes on stream 0
-    b.sync(REC, 1, 0); b.sync(WAIT, 1, 1)
+    b.sync(REC, 3, 0); b.sync(WAIT, 3, 1)
     r = b.op(aten.neg.default, t, stream=1, name="r")              # last use of t, on stream 1
     if remedy == "record_stream":
         b.sync(streams.record_stream.default, t, 1)
     if remedy == "sync_dealloc":
-        b.sync(REC, 2, 1); b.sync(streams.sync_dealloc.default, 2, 0, t)
+        b.sync(REC, 4, 1); b.sync(streams.sync_dealloc.default, 4, 0, t)
     u = b.op(aten.neg.default, x, stream=0, name="u")              # more work on stream 0 (reuses t's block)
     return b.output(r, u)
 
