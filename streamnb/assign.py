@@ -231,6 +231,7 @@ def join_write_backs(gm: GraphModule) -> list[Node]:
     check_graph_module(gm)
     made = _write_back_makers(gm)
     if not made: return []
+    reserve_indices_in_use(gm)   # (called alone too) a new event is never an index the graph uses, a stream's above all
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     end = next((n for n in nodes[max(map(pos.get, made)) + 1:] if is_bwd_node(n)),

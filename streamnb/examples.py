@@ -218,7 +218,7 @@ def side_read(fix: str | None = None, dealloc_stream: int = 0) -> GraphModule:
     return b.output(a, n)
 
 # %% ../nbs/09_examples.ipynb #12ce50b2
-def dealloc_graph(remedy: str | None = None, *, events: tuple = (1, 2), tail: bool = False, side_input: bool = False,
+def dealloc_graph(remedy: str | None = None, *, events: tuple = (3, 4), tail: bool = False, side_input: bool = False,
                   record_stream_first: bool = False, shape: tuple = (4, 4)) -> GraphModule:
     """A block made on stream 0 and last read on stream 1 (after a record/wait pair of event `events[0]`), and the
     `remedy` that keeps the allocator from reusing it too early: None, "record_stream" (eager's; before the read if

@@ -448,7 +448,7 @@ class Exercise:
 
 # %% ../nbs/08_exercises.ipynb #020eac38
 def _sanitize(ex: Exercise, gm: GraphModule) -> Report:
-    check_stream_ops(gm, one_table=True)   # a graph torch could run: no index both an event and a stream
+    check_stream_ops(gm)   # a graph torch could run: no index both an event and a stream
     return sanitize(gm, reorder=ex.reorder, inputs_ready=ex.inputs_ready)
 
 # %% ../nbs/08_exercises.ipynb #35851800
@@ -720,7 +720,7 @@ def _e_args(name, args) -> Edit:
 # %% ../nbs/08_exercises.ipynb #b45a0823
 def _fix_table(gm: GraphModule) -> list[Edit]:
     "An event index that is also a stream index: every op of that event renumbered to a free index."
-    try: check_stream_ops(gm, one_table=True); return []
+    try: check_stream_ops(gm); return []
     except StreamOpError:
         ops, streams_ = check_stream_ops(gm), {get_stream(n) for n in gm.graph.nodes}
         for op in ops.values(): streams_.update(op.streams)

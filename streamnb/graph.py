@@ -132,7 +132,7 @@ class _RegistryState:
     "A registry's counter and what it has handed out and reserved (a part of `StreamRegistry`)."
     def _next(self) -> int:
         i = self._free
-        while i in self.reserved: i += 1
+        while i in self.reserved or i == self.pinned_current: i += 1   # torch: the current stream has its own index
         self._free = i + 1
         return i
 

@@ -229,16 +229,16 @@ def _one_table(gm: GraphModule, ops: dict[Node, StreamOp]) -> None:
                                 f"streams and events in one table, so an index names one or the other: use a free index")
 
 # %% ../nbs/02_streamops.ipynb #86e36dac
-def check_stream_ops(gm: GraphModule, *, one_table: bool = False) -> dict[Node, StreamOp]:
+def check_stream_ops(gm: GraphModule) -> dict[Node, StreamOp]:
     """Decode every node of `gm`, raising on the first malformed stream op (see `decode`: a missing argument, a bad
-    index); with `one_table` also on an index used as both an event and a stream (`_one_table`: torch cannot run such
-    a graph; the graders check it, the model's own examples may share indices). Return each stream-op node -> what it
-    does, in graph order, for a caller that reads the ops again (decoding is most of a check's cost). (The graph-wide
+    index), or on an index used as both an event and a stream (`_one_table`: torch cannot run such a graph). Return
+    each stream-op node -> what it does, in graph order, for a caller that reads the ops again (decoding is most of a
+    check's cost). (The graph-wide
     checks, a `call_module` node with a stream among them, are `graph.validate`'s; the passes, `sanitize` and
     `simulate` run both.)"""
     check_graph_module(gm)
     ops = {n: op for n in gm.graph.nodes if (op := decode(n, gm)) is not None}
-    if one_table: _one_table(gm, ops)
+    _one_table(gm, ops)
     return ops
 
 # %% ../nbs/02_streamops.ipynb #8afec5e5

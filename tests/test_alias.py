@@ -51,9 +51,9 @@ def spread(gm, sync_data=True):
         if n.op == "call_function": n.meta["custom"] = {"stream": 1}
     if sync_data:
         with gm.graph.inserting_after(mul):
-            w = gm.graph.call_function(streams.wait_event.default, (1,), {"stream_index": 1})   # keyword form
+            w = gm.graph.call_function(streams.wait_event.default, (3,), {"stream_index": 1})   # keyword form
         with gm.graph.inserting_after(mul):
-            gm.graph.call_function(streams.record_event, (1, 0))                               # packet form
+            gm.graph.call_function(streams.record_event, (3, 0))                               # packet form
     gm.recompile()
     return gm
 

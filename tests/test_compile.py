@@ -25,7 +25,7 @@ from streamnb.compiling import (CPUValuesWarning, DynamoRegistry, UnsupportedTor
                                 check_call_sites, executor_backend, renumber_streams, use_streamnb_passes, values_on)
 from streamnb.examples import STREAM_MODELS, make_model, two_stream_fn
 from streamnb.graph import StreamnbError, StreamRegistry, canonical, get_stream
-from streamnb.streamops import decode
+from streamnb.streamops import StreamOpError, check_stream_ops, decode
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*isinstance.treespec, LeafSpec.:FutureWarning")   # torch 2.13, on deepcopy
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -424,13 +424,22 @@ def test_upstream_equals_pytorch_own_stream_objects():
 def test_upstream_equals_pytorch_own_annotated(name, monkeypatch):
     """Annotated regions use raw stream numbers (1, 2) that dynamo never registered, so its counter hands them out
     again: PyTorch's passes reuse them as event indices, the switch skips them (issue 12, item 2). With the skip
-    turned off the switch's joint graph is PyTorch's own; with it no new index equals an annotated stream."""
+    turned off the switch's joint graph is PyTorch's own; with it no new index equals an annotated stream. PyTorch's
+    graph names an index both as a stream and as an event, which torch cannot run and `check_stream_ops` refuses; to
+    compare node for node the skip and that refusal are both turned off here (and only here)."""
+    import streamnb.streamops
     model, inputs = make_model(name)
     monkeypatch.setattr(DynamoRegistry, "_take", lambda self, make: make())
+    monkeypatch.setattr(streamnb.streamops, "_one_table", lambda gm, ops: None)
     res = compile_both(model, inputs)
     assert (res["torch"]["err"] is None) == (res["streamnb"]["err"] is None)   # the seed's partitioner failures too
     assert oracle.mismatch(res["torch"]["joint"][0], res["streamnb"]["joint"][0]) is None
     monkeypatch.undo()
+    seed = res["torch"]["joint"][0]   # the seed's own graph: refused where one index names an event and a stream
+    events = {op.event for n in seed.graph.nodes if (op := decode(n, seed)) is not None and op.event is not None}
+    if events & annotated_streams(seed):
+        with pytest.raises(StreamOpError, match="is also a stream index"): check_stream_ops(seed)
+    else: check_stream_ops(seed)
     torch._dynamo.reset()
     with use_streamnb_passes(upstream=True, cpu_as="meta") as sw:
         with contextlib.suppress(Exception): torch.compile(model, backend=executor_backend())(*inputs)

@@ -58,13 +58,13 @@ def inner(gm, ctrl):
 
 
 def fwd_record_wait(consumer_reads_waiting_value=True):
-    "Forward-like: y on s1, record(1, s1), z on s2, wait(1, s2), consumer on s2 reading y (and z)."
+    "Forward-like: y on s1, record(3, s1), z on s2, wait(3, s2), consumer on s2 reading y (and z)."
     b = GraphBuilder()
     x = b.input("x", tag=None)
     y = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
-    b.sync(REC, 1, 1)
+    b.sync(REC, 3, 1)
     z = b.op(aten.mul.Tensor, x, x, stream=2, tag=None)
-    b.sync(WAIT, 1, 2)
+    b.sync(WAIT, 3, 2)
     out = b.op(aten.add.Tensor, y, z, stream=2, tag=None) if consumer_reads_waiting_value else \
         b.op(aten.neg.default, y, stream=2, tag=None)
     return b.output(out, z) if not consumer_reads_waiting_value else b.output(out)
@@ -669,12 +669,12 @@ def multi_events(reuse=False):
     b = GraphBuilder()
     x = b.input("x", tag=None)
     a = b.op(aten.neg.default, x, stream=1, tag=None)
-    b.sync(REC, 1, 1)
+    b.sync(REC, 5, 1)
     c = b.op(aten.sin.default, x, stream=2 if not reuse else 1, tag=None)
-    b.sync(REC, 2 if not reuse else 1, 2 if not reuse else 1)
+    b.sync(REC, 6 if not reuse else 5, 2 if not reuse else 1)
     d = b.op(aten.cos.default, x, stream=0, tag=None)
-    b.sync(WAIT, 1, 0)
-    if not reuse: b.sync(WAIT, 2, 0)
+    b.sync(WAIT, 5, 0)
+    if not reuse: b.sync(WAIT, 6, 0)
     return b.output(b.op(aten.add.Tensor, a, d, stream=0, tag=None), c)
 
 
@@ -1278,13 +1278,13 @@ def test_chapter_exported_cells_are_short():
 # ---------------------------------------------------------------------------------------------------------------
 
 def stretch_graph():
-    "neg then sin (reading neg) on stream 1, then record(1, 1), wait(1, 0); add on 0 reads sin: the stretch is [neg, sin]."
+    "neg then sin (reading neg) on stream 1, then record(3, 1), wait(3, 0); add on 0 reads sin: the stretch is [neg, sin]."
     b = GraphBuilder()
     x = b.input("x")
     n = b.op(aten.neg.default, x, stream=1)
     s = b.op(aten.sin.default, n, stream=1)
-    b.sync(REC, 1, 1)
-    b.sync(WAIT, 1, 0)
+    b.sync(REC, 3, 1)
+    b.sync(WAIT, 3, 0)
     return b.output(b.op(aten.add.Tensor, s, x, stream=0), s)   # (sin an output, joined by the wait: never freed)
 
 

@@ -525,12 +525,12 @@ def alias_graph(kind):
     b = GraphBuilder(); x = b.input("tangents_1")
     if kind == "multi":
         vm = b.op(aten.var_mean.correction, x, [0], stream=0)
-        b.sync(REC, 1, 0); b.sync(streams.wait_event.default, 1, 1)
+        b.sync(REC, 2, 0); b.sync(streams.wait_event.default, 2, 1)
         v0, v1 = (b.op(operator.getitem, vm, i, stream=1) for i in (0, 1))
         y = b.op(aten.add.Tensor, v0, v1, stream=1)
     else:
         a = b.op(aten.add.Tensor, x, x, stream=0)
-        b.sync(REC, 1, 0); b.sync(streams.wait_event.default, 1, 1)
+        b.sync(REC, 2, 0); b.sync(streams.wait_event.default, 2, 1)
         if kind == "view": v = b.op(aten.t.default, a, stream=1)
         elif kind == "inplace": v = b.op(aten.add_.Tensor, b.op(aten.t.default, a, stream=1), 1.0, stream=1)
         else:
@@ -597,10 +597,10 @@ def forward_read_elsewhere(saved: bool = False):
     b = GraphBuilder()
     x, g = b.input("primals_1", tag=None), b.input("tangents_1")
     a = b.op(aten.mul.Tensor, x, x, stream=0, tag="is_forward")
-    b.sync(streams.record_event.default, 1, 0, tag="is_forward"); b.sync(streams.wait_event.default, 1, 1, tag="is_forward")
+    b.sync(streams.record_event.default, 3, 0, tag="is_forward"); b.sync(streams.wait_event.default, 3, 1, tag="is_forward")
     s = b.op(aten.sin.default, a, stream=1, tag="is_forward")
     c = b.op(aten.cos.default, x, stream=0, tag="is_forward")
-    b.sync(streams.record_event.default, 2, 1, tag="is_forward"); b.sync(streams.wait_event.default, 2, 0, tag="is_forward")
+    b.sync(streams.record_event.default, 4, 1, tag="is_forward"); b.sync(streams.wait_event.default, 4, 0, tag="is_forward")
     out = b.op(aten.add.Tensor, c, c, stream=0, tag="is_forward")
     grad = b.op(aten.mul.Tensor, g, s, stream=0)
     return b.output(out, grad, *([b.op(aten.mul.Tensor, g, a, stream=0)] if saved else []))

@@ -113,7 +113,7 @@ def test_every_row_of_the_table_is_traced():
 
 def _ops(f):
     gm = capture(f, torch.randn(8, 8, requires_grad=True)).forward
-    check_stream_ops(gm, one_table=True)   # what dynamo makes, torch can run: no index both an event and a stream
+    check_stream_ops(gm)   # what dynamo makes, torch can run: no index both an event and a stream
     return gm, [(op.kind, tuple(getattr(a, "name", a) for a in op.args)) for n in gm.graph.nodes if (op := decode(n, gm))]
 
 

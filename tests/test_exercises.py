@@ -553,4 +553,4 @@ def test_the_course_graphs_use_indices_torch_could_run():
     graphs = [g for f in all_exercises().values() for g in (f().start(), f().best())]
     graphs += [abc_graph(1, s, early=e) for s in ABC_SYNCS for e in (False, True)]
     graphs += [reuse_graph(protect=p) for p in (None, *PROTECTIONS)]
-    for gm in graphs: check_stream_ops(gm, one_table=True)
+    for gm in graphs: check_stream_ops(gm)

@@ -59,13 +59,13 @@ EMPTY_SYNCS = {"synchronize_stream": (SYNC_S, 0), "synchronize_device": (SYNC_D,
 @pytest.mark.parametrize("sync", list(EMPTY_SYNCS))
 def test_correction_26_an_empty_sync_anchors_the_next_record(sync, upstream):
     """PyTorch's test_empty_{synchronize_stream,synchronize_device,wait_stream,synchronize_event}_anchors_record and
-    test_external_wait_event_anchors_record: a sync with nothing before it, then `record_event(1, 1)`; the record is
+    test_external_wait_event_anchors_record: a sync with nothing before it, then `record_event(2, 1)`; the record is
     wrapped with the sync (its node, or its `control_deps`) as a dependency. (The seed wraps the external wait and the
     external `synchronize_event` too, but leaves the record after the others bare.)"""
     b = GraphBuilder()
     inp = b.input("inp", tag=None)
     b.sync(*EMPTY_SYNCS[sync])
-    b.sync(REC, 1, 1)
+    b.sync(REC, 2, 1)
     gm = wrapped(b.output(inp), upstream)
     (rec,) = ctrls_of(gm, REC)
     anchor = next(n for n in gm.graph.nodes if n.op == "call_function" and n is not rec
@@ -114,7 +114,7 @@ def test_correction_26_same_stream_records_form_a_chain():
     b = GraphBuilder()
     x = b.input("x", tag=None)
     a = b.op(aten.add.Tensor, x, x, stream=1, tag=None)
-    for e in (1, 2, 3): b.sync(REC, e, 1)
+    for e in (2, 3, 4): b.sync(REC, e, 1)
     gm = wrapped(b.output(a))
     r1, r2, r3 = ctrls(gm)
     assert r1 in r2.args[0] and r2 in r3.args[0] and r1 not in r3.args[0]
@@ -154,21 +154,21 @@ def test_correction_26_anchors_in_the_backward():
 
 def multiple_waiters(backward=False, cur=0):
     """PyTorch's test_control_deps_multiple_waiters_thread_latest_passthrough: `y = x + 1` on the current stream (0),
-    `fork` (event 1) recorded; streams 1 and 2 each wait on it and read `y`, then record `join1`/`join2` (events 2, 3);
+    `fork` (event 3) recorded; streams 1 and 2 each wait on it and read `y`, then record `join1`/`join2` (events 4, 5);
     stream 0 waits on both and adds the two results. `backward`: the same in a backward graph."""
     tag = "is_backward" if backward else None
     b = GraphBuilder()
     x = b.input("tangents_1" if backward else "x", tag=tag)
     y = b.op(aten.add.Tensor, x, x, stream=cur, tag=tag)
-    b.sync(REC, 1, 0, tag=tag)
-    b.sync(WAIT, 1, 1, tag=tag)
+    b.sync(REC, 3, 0, tag=tag)
+    b.sync(WAIT, 3, 1, tag=tag)
     out1 = b.op(aten.mul.Tensor, y, y, stream=1, tag=tag)
-    b.sync(REC, 2, 1, tag=tag)
-    b.sync(WAIT, 1, 2, tag=tag)
+    b.sync(REC, 4, 1, tag=tag)
+    b.sync(WAIT, 3, 2, tag=tag)
     out2 = b.op(aten.mul.Tensor, y, y, stream=2, tag=tag)
-    b.sync(REC, 3, 2, tag=tag)
-    b.sync(WAIT, 2, 0, tag=tag)
-    b.sync(WAIT, 3, 0, tag=tag)
+    b.sync(REC, 5, 2, tag=tag)
+    b.sync(WAIT, 4, 0, tag=tag)
+    b.sync(WAIT, 5, 0, tag=tag)
     return b.output(b.op(aten.add.Tensor, out1, out2, stream=cur, tag=tag))
 
 
@@ -179,7 +179,7 @@ def test_correction_6_multiple_waiters_thread_the_latest_passthrough(upstream, b
     """Each consumer reads `y` through its own wait on the fork: the second wait threads the first wait's passthrough
     (PyTorch #193409), so `out2` reads a getitem of the second fork wait."""
     gm = wrapped(multiple_waiters(backward, cur), upstream)
-    fork_waits = [c for c in ctrls_of(gm, WAIT) if inner(gm, c).args[0] == 1]
+    fork_waits = [c for c in ctrls_of(gm, WAIT) if inner(gm, c).args[0] == 3]
     out1, out2 = gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)
     assert len(fork_waits) == 2
     assert out1.args[0].target is operator.getitem and out1.args[0].args[0] is fork_waits[0]
@@ -188,20 +188,20 @@ def test_correction_6_multiple_waiters_thread_the_latest_passthrough(upstream, b
 
 
 def intervening_sync(kind, backward=False, cur=0):
-    """PyTorch's test_intervening_sync_updates_event_passthrough: `y = x + 1` on stream 0, `fork` (event 1) recorded;
-    then stream 1 joins stream 0 (`wait_stream`), or the host synchronizes stream 0 and stream 1 records event 2; then
+    """PyTorch's test_intervening_sync_updates_event_passthrough: `y = x + 1` on stream 0, `fork` (event 3) recorded;
+    then stream 1 joins stream 0 (`wait_stream`), or the host synchronizes stream 0 and stream 1 records event 4; then
     stream 2 waits on `fork` and reads `y`."""
     tag = "is_backward" if backward else None
     b = GraphBuilder()
     x = b.input("tangents_1" if backward else "x", tag=tag)
     y = b.op(aten.add.Tensor, x, x, stream=cur, tag=tag)
-    b.sync(REC, 1, 0, tag=tag)
+    b.sync(REC, 3, 0, tag=tag)
     if kind == "wait_stream":
         b.sync(WAIT_S, 1, 0, tag=tag)
     else:
         b.sync(SYNC_S, 0, tag=tag)
-        b.sync(REC, 2, 1, tag=tag)
-    b.sync(WAIT, 1, 2, tag=tag)
+        b.sync(REC, 4, 1, tag=tag)
+    b.sync(WAIT, 3, 2, tag=tag)
     return b.output(b.op(aten.mul.Tensor, y, y, stream=2, tag=tag))
 
 
@@ -223,14 +223,14 @@ def test_intervening_sync_updates_event_passthrough(kind, backward, cur):
 
 def triton_then_record():
     """PyTorch's test_expand_dict_returning_deps_triton_kernel, as a graph: `triton_kernel_wrapper_functional` (a dict
-    `{"Out": ...}`), a `record_event(0, 0)`, then the kernel's `getitem(..., "Out")` and `add` after the record."""
+    `{"Out": ...}`), a `record_event(1, 0)`, then the kernel's `getitem(..., "Out")` and `add` after the record."""
     from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
     b = GraphBuilder()
     x = b.input("x", tag=None)
     kernel = b.op(triton_kernel_wrapper_functional, tag=None, name="triton_kernel_wrapper_functional",
                   val={"Out": torch.empty(4, 4, device="meta")}, kernel_idx=0, constant_args_idx=0, grid=[(1, 1, 1)],
                   tma_descriptor_metadata={}, kwargs={"Out": x}, tensors_to_clone=["Out"])
-    b.sync(REC, 0, 0)
+    b.sync(REC, 1, 0)
     out = b.op(operator.getitem, kernel, "Out", tag=None)
     return b.output(b.op(aten.add.Tensor, out, x, tag=None))
 
@@ -259,13 +259,13 @@ def test_correction_27_a_dict_is_never_passed_through_a_sync(upstream):
 @pytest.mark.parametrize("upstream", [False, SEED_FAILS])
 def test_correction_26_backward_full_barrier_filters_forward_sync_deps(upstream, forward_sync):
     """PyTorch's test_backward_full_barrier_filters_forward_sync_deps: a forward sync (a record after `fw_compute`, or a
-    `wait_stream` of two idle streams, left bare), then a backward `record_event(1, 0)` and a backward host barrier. The barrier depends
+    `wait_stream` of two idle streams, left bare), then a backward `record_event(4, 0)` and a backward host barrier. The barrier depends
     on the backward sync (the seed leaves both bare), never on the forward one."""
     b = GraphBuilder()
     inp = b.input("inp", tag="is_forward")
     fw_compute = b.op(aten.add.Tensor, inp, inp, stream=0, tag="is_forward")
-    fw_sync = b.sync(REC, 0, 0, tag="is_forward") if forward_sync == "wrapped" else b.sync(WAIT_S, 1, 2, tag="is_forward")
-    bw_sync = b.sync(REC, 1, 0, tag="is_backward")
+    fw_sync = b.sync(REC, 3, 0, tag="is_forward") if forward_sync == "wrapped" else b.sync(WAIT_S, 1, 2, tag="is_forward")
+    bw_sync = b.sync(REC, 4, 0, tag="is_backward")
     barrier = b.sync(SYNC_D, "cuda", 0, tag="is_backward")
     gm = wrapped(b.output(fw_compute), upstream)
     (bw_ctrl,) = [c for c in ctrls(gm) if inner(gm, c).target is SYNC_D]

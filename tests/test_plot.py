@@ -29,12 +29,12 @@ def graph(synced, host_sync=False, remedy=None):
     x = b.input("x")
     p = b.op(aten.mul.Tensor, x, x, stream=1, name="p")
     if synced:
-        b.sync(REC, 1, 1); b.sync(WAIT, 1, 0)
+        b.sync(REC, 3, 1); b.sync(WAIT, 3, 0)
     c = b.op(aten.add.Tensor, p, x, stream=0, name="c")
     if remedy == "record_stream":
         b.sync(streams.record_stream.default, p, 0)
     if remedy == "sync_dealloc":
-        b.sync(REC, 2, 0); b.sync(streams.sync_dealloc.default, 2, 1, p)
+        b.sync(REC, 4, 0); b.sync(streams.sync_dealloc.default, 4, 1, p)
     if host_sync:
         b.sync(streams.synchronize_stream.default, 0)
     d = b.op(aten.neg.default, c, stream=2, name="d")
@@ -63,7 +63,7 @@ def test_waits_arrows_and_host_row():
     (ax,) = fig.axes
     assert gids(fig, "wait:") == ["wait:synchronize_stream_default", "wait:wait_event_default"]
     arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
-    assert [a.get_gid() for a in arrows] == ["flow:1"]
+    assert [a.get_gid() for a in arrows] == ["flow:3"]
     assert arrows[0].xy == (3.0, 1) and arrows[0].xyann == (3.0, 2)   # record on stream 1 -> wait on stream 0
     assert [t.get_text() for t in ax.get_yticklabels()][0] == "host"
 
@@ -73,7 +73,7 @@ def test_markers_for_remedies():
     assert gids(fig, "record_stream:") == ["record_stream:record_stream_default"]
     fig = plot_timeline(simulate(graph(True, remedy="sync_dealloc"), cost=COST))
     assert gids(fig, "sync_dealloc:") == ["sync_dealloc:sync_dealloc_default"]
-    assert gids(fig, "flow:") == ["flow:1", "flow:2"]
+    assert gids(fig, "flow:") == ["flow:3", "flow:4"]
     fig = plot_timeline(simulate(graph(True), cost=COST))
     assert gids(fig, "unsafe_free:") == ["unsafe_free:c", "unsafe_free:p"]   # c is read on stream 2 unordered too
 
@@ -190,7 +190,7 @@ def test_record_stream_marker_unclipped_and_its_deferred_free():
     x = b.input("x")
     t = b.op(aten.mul.Tensor, x, x, stream=0, name="t")
     b.sync(streams.record_stream.default, t, 1)             # at t=0: stream 1 has done nothing yet
-    b.sync(REC, 1, 0); b.sync(WAIT, 1, 1)
+    b.sync(REC, 3, 0); b.sync(WAIT, 3, 1)
     b.op(aten.neg.default, t, stream=1, name="r")
     b.op(aten.sin.default, x, stream=0, name="u")
     tl = simulate(b.output(), cost={"t": 0.001, "r": 0.004, "u": 0.002})

@@ -105,7 +105,7 @@ def test_primer_exercise_grades():
     g = ex.check(wrong)
     assert not g.ok and any(p.startswith("race on a") for p in g.problems)
     slow = ex.start(); remove(slow, "synchronize_stream_default")
-    insert(slow, streams.record_event.default, 1, 1, after="a"); insert(slow, streams.wait_event.default, 1, 0, before="b")
+    insert(slow, streams.record_event.default, 7, 1, after="a"); insert(slow, streams.wait_event.default, 7, 0, before="b")
     g = ex.check(slow)
     assert not g.ok and any(p.startswith("makespan 8") for p in g.problems)
     unchanged = ex.check(ex.start())   # the start graph: a host sync before b, which blocks the host and delays b

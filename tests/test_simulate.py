@@ -76,11 +76,11 @@ def test_wait_orders_the_consumer_and_missing_wait_is_a_race():
 
 
 def test_transitive_ordering_through_an_intermediate_stream():
-    # p on 1 -> record e1 -> wait on 2 -> record e2 on 2 (no kernel on 2 between) -> wait on 0 -> c reads p
+    # p on 1 -> record e3 -> wait on 2 -> record e4 on 2 (no kernel on 2 between) -> wait on 0 -> c reads p
     b = GraphBuilder()
     x = b.input("x")
     p = b.op(aten.neg.default, x, stream=1, name="p")
-    b.sync(REC, 1, 1); b.sync(WAIT, 1, 2); b.sync(REC, 2, 2); b.sync(WAIT, 2, 0)
+    b.sync(REC, 3, 1); b.sync(WAIT, 3, 2); b.sync(REC, 4, 2); b.sync(WAIT, 4, 0)
     c = b.op(aten.neg.default, p, stream=0, name="c")
     tl = simulate(b.output(c), cost={"p": 5.0, "c": 1.0})
     assert tl.spans["c"] == (0, 5.0, 6.0) and tl.unordered_reads == []
