@@ -60,6 +60,28 @@ def _rewire(user: Node, dep: Node, new: Node, keeps: Callable[[Node, Node], bool
     swap = lambda a: new if a is dep else a
     user.args, user.kwargs = (user.args[0], *map_arg(user.args[1:], swap)), map_arg(user.kwargs, swap)
 
+# %% ../nbs/13_control_deps.ipynb #e403f679
+def _passthrough_getitems(graph: torch.fx.Graph, ctrl: Node, deps: list[Node], visited: set[Node]) -> dict[Node, Node]:
+    "One getitem of `ctrl` per dep it passes through (`i + 1`: 0 is the sync's result), right after it, walked."
+    getitems = {}
+    with graph.inserting_after(ctrl):
+        for i, dep in enumerate(deps):
+            getitems[dep] = getitem_node = fastfx.call_function(graph, operator.getitem, (ctrl, i + 1))
+            getitem_node.meta.update(dep.meta)
+            visited.add(getitem_node)
+    return getitems
+
+# %% ../nbs/13_control_deps.ipynb #64de52a2
+def _rewire_dep(ctrl: Node, dep: Node, getitem_node: Node, visited: set[Node], output: _DeferredOutput | None,
+                keeps: Callable[[Node, Node], bool] | None) -> None:
+    "Make `dep`'s users not yet walked (but `ctrl`; the output node held aside too) read its getitem `getitem_node`."
+    if output is not None and is_bwd_node(dep) and output.reads(dep, visited): output.replace(dep, getitem_node)
+    for user in list(dep.users.keys()):
+        if user is ctrl or user in visited: continue
+        # A forward output stays a forward node: the partitioner must not see it come from the backward.
+        if user.op == "output" and not is_bwd_node(dep): continue
+        _rewire(user, dep, getitem_node, keeps)
+
 # %% ../nbs/13_control_deps.ipynb #a91e2694
 def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Node], visited: set[Node], *,
                     output: _DeferredOutput | None = None,
@@ -81,21 +103,8 @@ def _wrap_sync_node(gm: GraphModule, sync_node: Node, deps_before_sync: list[Nod
     mark_added(control_deps_node, added_by(sync_node))   # the correction that added the sync, if any (chapter 11)
     # New nodes count as walked, so that later syncs do not take them for users "after" the sync.
     visited.add(get_subgraph); visited.add(control_deps_node)
-    replacements: dict[Node, Node] = {}
-    with graph.inserting_after(control_deps_node):
-        for i, dep in enumerate(deps_with_uses_after_sync):
-            getitem_node = fastfx.call_function(graph, operator.getitem, (control_deps_node, i + 1))  # 0: the sync's result
-            getitem_node.meta.update(dep.meta)
-            replacements[dep] = getitem_node
-            visited.add(getitem_node)
-    for dep, getitem_node in replacements.items():
-        # (the output node held aside: the same rewiring, written back at the end of the pass)
-        if output is not None and is_bwd_node(dep) and output.reads(dep, visited): output.replace(dep, getitem_node)
-        for user in list(dep.users.keys()):
-            if user is control_deps_node or user in visited: continue
-            # A forward output stays a forward node: the partitioner must not see it come from the backward.
-            if user.op == "output" and not is_bwd_node(dep): continue
-            _rewire(user, dep, getitem_node, keeps)
+    replacements = _passthrough_getitems(graph, control_deps_node, deps_with_uses_after_sync, visited)
+    for dep, getitem_node in replacements.items(): _rewire_dep(control_deps_node, dep, getitem_node, visited, output, keeps)
     if output is not None and output.reads(sync_node): output.replace(sync_node, control_deps_node)
     sync_node.replace_all_uses_with(control_deps_node)
     graph.erase_node(sync_node)
@@ -131,6 +140,7 @@ def _forward_only(v: Node, joint: bool) -> bool:
         return joint and not _backward_input(v)
     return _is_forward_value(v)
 
+# %% ../nbs/13_control_deps.ipynb #9e1076fc
 def _backward_input(v: Node) -> bool:
     "Is `v` an input of the backward alone (a tangent: AOTAutograd names them `tangents_*`)?"
     return v.op == "placeholder" and (is_bwd_node(v) or v.name.startswith("tangents"))
@@ -213,7 +223,7 @@ def _is_copy_destination(user: Node, dep: Node) -> bool:
     "Is `dep` a graph input that `user`, a `copy_` (an input mutation's write-back), writes into?"
     return user.target is aten.copy_.default and bool(user.args) and user.args[0] is dep and dep.op == "placeholder"
 
-
+# %% ../nbs/13_control_deps.ipynb #66b7d778
 def _is_write_back(n: Node) -> bool:
     "Is `n` an input mutation's write-back, a `copy_` into a graph input?"
     return n.target is aten.copy_.default and bool(n.args) and _is_copy_destination(n, n.args[0])
@@ -233,6 +243,7 @@ def _walked_reads(u: Node, visited: set[Node]) -> list[Node]:
             else: todo.append(i)
     return list(out)
 
+# %% ../nbs/13_control_deps.ipynb #0a2b6be0
 def _unordered_memory_accesses(wait: Node, deps: list[Node], visited: set[Node], memory: dict,
                                backward_syncs: set[Node] = frozenset()) -> list[Node]:
     """For each access in `memory[wait]` that nothing orders after `wait` yet: one of its inputs, to thread through it
@@ -254,6 +265,7 @@ def _drop_forward(deps: list[Node], forward_ctrls: set[Node] = frozenset()) -> l
     "The deps a backward sync keeps: no forward values, and no ctrl of a forward sync (chained by correction 8)."
     return [d for d in deps if not _is_forward_value(d) and d not in forward_ctrls]
 
+# %% ../nbs/13_control_deps.ipynb #5790e581
 def _drop_tangents(sync: Node, deps: list[Node]) -> list[Node]:
     """The deps a joint graph's forward sync keeps: no input of the backward (a tangent), which the graph's inputs that
     correction 12 and the seed's external `synchronize_event` order a sync after include."""
@@ -270,6 +282,7 @@ def _entry_values(wait: Node, deps: list[Node], visited: set[Node], waiting: int
     return [c for v in wait.meta.get("entry_reads", ()) for c in _carriers(v) if c not in deps
             and any(u not in visited and _is_consumer(u, waiting) for u in c.users)]
 
+# %% ../nbs/13_control_deps.ipynb #38042530
 def _carriers(v: Node) -> list[Node]:
     "`v` and the getitems that pass it through syncs (`control_deps(deps, subgraph, *passed)`: getitem i is passed[i-1])."
     out, todo = [], [v]
@@ -289,6 +302,7 @@ def _inputs_as_values(w) -> None:
     for p in w.graph.find_nodes(op="placeholder"):
         if p.meta.get("ready_on") != "everywhere": w.values.setdefault(get_stream(p), []).append(p)
 
+# %% ../nbs/13_control_deps.ipynb #873f5af2
 def _crossing_inputs(w, wait: Node, deps: list[Node], recorded_on, waiting) -> list[Node]:
     "Correction 6 (and 29's entry waits): what a crossing wait threads through, so its stream's later readers follow it."
     extra = _unordered_cross_stream_inputs(wait, waiting, deps, w.visited, recorded_on, w.values, w.backward_syncs, w.joint)
@@ -328,6 +342,7 @@ def _frontier(nodes: list[Node]) -> list[Node]:
         return any(u in inside or (u.target is operator.getitem and not inside.isdisjoint(u.users)) for u in n.users)
     return [n for n in nodes if not read_inside(n)]
 
+# %% ../nbs/13_control_deps.ipynb #60751743
 def _chained(nodes: list[Node]) -> list[Node]:
     "A stream's list as deps: its leading ctrl (correction 8) is dropped if a later node of the list reads its getitems."
     if len(nodes) < 2 or not is_control_deps(nodes[0]): return nodes
@@ -633,7 +648,6 @@ _NEWER_RULES = (   # issue 47: newer PyTorch's rules for the syncs a program wri
 )
 for _n, _method, _seed, _fix in _NEWER_RULES: correction(_n, "13_control_deps", _seed, _fix)(_method)
 
-
 # %% ../nbs/13_control_deps.ipynb #c1406707
 class _Walk:
     "The wrap pass's state as it walks the graph once (the seed keeps the same dicts as local variables)."
@@ -675,16 +689,22 @@ class _Walk:
         ctrl, _ = self.wrap(node, self.rules.barrier_deps(self, node, self.all_stream_deps()))
         self.rules.after_barrier(self, self.rules.anchor(self, node, ctrl))
 
-# %% ../nbs/13_control_deps.ipynb #1cc58641
-def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
-    "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping (`op`: what `node` is)."
-    event, target = op.event, op.target
-    if target is streams.synchronize_event.default:
-        stream, deps = w.event_to_stream.get(event), w.all_stream_deps()
-        if event not in w.event_to_stream:   # recorded outside the graph: order after the graph's inputs
+# %% ../nbs/13_control_deps.ipynb #49bd7a46
+def _event_start(w: _Walk, op: StreamOp) -> tuple[int | None, list[Node]]:
+    "An event sync's stream and first deps: its stream's; a `synchronize_event`'s, the event's stream and every stream's."
+    if op.target is streams.synchronize_event.default:
+        deps = w.all_stream_deps()
+        if op.event not in w.event_to_stream:   # recorded outside the graph: order after the graph's inputs
             deps = [*w.graph.find_nodes(op="placeholder"), *deps]
-    else:
-        stream, deps = op.stream, w.stream_deps(op.stream)
+        return w.event_to_stream.get(op.event), deps
+    return op.stream, w.stream_deps(op.stream)
+
+# %% ../nbs/13_control_deps.ipynb #8aaccfec
+def _event_deps(w: _Walk, node: Node, op: StreamOp) -> tuple[int | None, list[Node], tuple | None]:
+    """What the event sync `node` follows: `(stream, deps, crossing)`, its stream (a `synchronize_event`: the event's),
+    its deps, and for a wait on an event recorded in the graph `(the record's stream, the waiting stream)`."""
+    event, target = op.event, op.target
+    stream, deps = _event_start(w, op)
     if target is not streams.record_event.default and event in w.event_to_ctrl:   # never above its record
         deps = [w.event_to_ctrl[event], *deps]
     if target is streams.synchronize_event.default: deps = [*deps, *w.event_to_passthrough.get(event, ())]
@@ -694,18 +714,34 @@ def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
     if target is streams.wait_event.default:
         if event in w.event_to_stream: crossing = (w.event_to_stream[event], stream)
         else: deps = w.rules.external_wait_deps(w, deps)   # recorded before the graph runs
+    return stream, deps, crossing
+
+# %% ../nbs/13_control_deps.ipynb #1cc58641
+def _event_sync(w: _Walk, node: Node, op: StreamOp) -> None:
+    "`record_event`, `wait_event`, `synchronize_event`: the seed's per-event bookkeeping (`op`: what `node` is)."
+    stream, deps, crossing = _event_deps(w, node, op)
     ctrl, passthrough = w.wrap(node, deps, crossing)
     anchor = w.rules.anchor(w, node, ctrl)   # (the seed: `ctrl`)
-    if target is streams.record_event.default:
-        w.event_to_stream[event] = stream
-        if anchor is not None: w.event_to_ctrl[event] = anchor
-        w.event_to_passthrough[event] = passthrough
-    if target is streams.synchronize_event.default: w.rules.after_barrier(w, anchor)
+    if op.target is streams.record_event.default:
+        w.event_to_stream[op.event] = stream
+        if anchor is not None: w.event_to_ctrl[op.event] = anchor
+        w.event_to_passthrough[op.event] = passthrough
+    if op.target is streams.synchronize_event.default: w.rules.after_barrier(w, anchor)
     else: w.after_sync(stream, anchor)
 
 # %% ../nbs/13_control_deps.ipynb #ae1efb05
 _PASS = "wrap_all_sync_nodes_with_control_deps"
 _BARRIERS = (streams.synchronize_device.default, streams.synchronize_stream.default)
+
+# %% ../nbs/13_control_deps.ipynb #b2807d9a
+def _visit(w: _Walk, node: Node) -> None:
+    "One call of the walk: a sync is wrapped as its kind asks, any other node with a value joins its stream's list."
+    op = w.rules.read(node)   # the sync op it is, whatever the form of its call; None: not one to wrap
+    if op is None:
+        if "val" in node.meta: w.rules.add(w, node)
+    elif op.target in _BARRIERS: w.barrier(node)
+    elif op.kind == "wait_stream": w.rules.wait_stream(w, node, op)
+    else: _event_sync(w, node, op)
 
 # %% ../nbs/13_control_deps.ipynb #caed4d06
 @stream_pass(_PASS)
@@ -724,13 +760,7 @@ def wrap_all_sync_nodes_with_control_deps(gm: GraphModule, *, upstream: bool = F
         while node.op != "root":
             next_node = node.next
             w.visited.add(node)
-            if node.op == "call_function":
-                op = rules.read(node)   # the sync op it is, whatever the form of its call; None: not one to wrap
-                if op is None:
-                    if "val" in node.meta: rules.add(w, node)
-                elif op.target in _BARRIERS: w.barrier(node)
-                elif op.kind == "wait_stream": rules.wait_stream(w, node, op)
-                else: _event_sync(w, node, op)
+            if node.op == "call_function": _visit(w, node)
             while next_node._erased: next_node = next_node.next   # (a getitem remade before the sync: correction 27)
             node = next_node
     if w.found_sync: gm.recompile()

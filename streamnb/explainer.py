@@ -83,18 +83,24 @@ def _alone(gm: GraphModule, upstream: bool, device: str, registry: StreamRegistr
     with use_registry(registry): run_stream_passes(gm, upstream=upstream, device=device, **kwargs)
     return gm
 
+# %% ../nbs/17_explain.ipynb #493b4a2e
+def _processed(cap: Capture, upstream: bool, device: str, registry: StreamRegistry, fs: dict) -> tuple:
+    """`(processed capture, error, forward, backward)`: `cap` processed one way; where the partitioner rejects the
+    processed joint graph, `(None, why, each graph processed alone)` (see above). `fs`: `forward_syncs=True` or nothing."""
+    try:
+        processed = cap.process(upstream=upstream, registry=registry, device=device, **fs)
+        return processed, None, processed.forward, processed.backward
+    except PartitionError as e:   # the seed's joint graph: process each graph alone
+        forward, backward = _alone(cap.forward, upstream, device, registry, **fs), _alone(cap.backward, upstream, device, registry)
+        return None, str(e), forward, backward
+
 # %% ../nbs/17_explain.ipynb #07884093
 def _one_mode(cap: Capture, inputs, upstream: bool, device: str, registry: StreamRegistry, check: bool,
               forward_syncs: bool = False) -> ModeResult:
     mode = "upstream" if upstream else "default"
     if cap.inference: return _one_mode_forward_only(cap, inputs, upstream, device, registry, check, forward_syncs)
     fs = dict(forward_syncs=True) if forward_syncs and not upstream else {}
-    try:
-        processed, error = cap.process(upstream=upstream, registry=registry, device=device, **fs), None
-        forward, backward = processed.forward, processed.backward
-    except PartitionError as e:   # the seed's joint graph: process each graph alone (see above)
-        processed, error = None, str(e)
-        forward, backward = _alone(cap.forward, upstream, device, registry, **fs), _alone(cap.backward, upstream, device, registry)
+    processed, error, forward, backward = _processed(cap, upstream, device, registry, fs)
     return ModeResult(mode=mode, backward=backward, forward=forward,
                       forward_timeline=simulate(forward, device=device, registry=registry, name=f"{mode} forward"),
                       forward_report=sanitize(forward, registry=registry),
@@ -151,7 +157,7 @@ class _ExplanationPart1:
         if self.forward_syncs:   # cannot happen unless a rule is wrong: say so rather than hide it
             return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) left after forward_syncs=True. "
                            f"The first: {first}", self._entry_note())
-        if self.capture.inference: return _joined(self._forward_only_errors(len(r.forward_report.errors), first),
+        if self.capture.inference: return _joined(_forward_only_errors(len(r.forward_report.errors), first),
                                                    self._entry_note())
         return _joined(f"forward: {len(r.forward_report.errors)} sanitizer error(s) in the default's forward. PyTorch's "
                        f"stream passes (the seed's and streamnb's) insert syncs in the backward only: the forward's syncs "
@@ -161,6 +167,9 @@ class _ExplanationPart1:
                        f"does so by default for `annotate` regions, the streams the compiler owns (correction 24). The "
                        f"first: {first}", self._entry_note())
 
+# %% ../nbs/17_explain.ipynb #8a67bab2
+class _ExplanationEntry:
+    "Which findings of the program as written are at its entry (a part of `Explanation`)."
     def _at_entry(self, e) -> bool:
         "Is finding `e` of the program as written a side stream's read of a graph input (chapter 02, the edges)?"
         return e.kind == "race" and e.nodes[1] in self._inputs
@@ -184,14 +193,35 @@ class _ExplanationForwardOnly:
                 f"torch.compile runs on it under use_streamnb_passes: the forward's syncs {syncs} and the dealloc pass "
                 "(correction 25)")
 
-    def _forward_only_errors(self, count: int, first: str) -> str:
-        "What the default's forward of a forward-only capture still gets wrong: the syncs of the program's own streams."
-        return (f"forward: {count} sanitizer error(s) in the default's forward: the default inserts the forward's syncs "
-                "for the streams the compiler owns (annotate regions) and leaves the program's own streams (stream "
-                "objects) as written, as eager PyTorch runs them and torch.compile keeps them: fix the program (e.g. "
-                "`torch.cuda.current_stream().wait_stream(side)` before the current stream uses what `side` made), or "
-                f"let `explain(..., forward_syncs=True)` (CLI: --forward-syncs) insert them. The first: {first}")
 
+# %% ../nbs/17_explain.ipynb #a22471b8
+def _forward_only_errors(count: int, first: str) -> str:
+    "What the default's forward of a forward-only capture still gets wrong: the syncs of the program's own streams."
+    return (f"forward: {count} sanitizer error(s) in the default's forward: the default inserts the forward's syncs "
+            "for the streams the compiler owns (annotate regions) and leaves the program's own streams (stream "
+            "objects) as written, as eager PyTorch runs them and torch.compile keeps them: fix the program (e.g. "
+            "`torch.cuda.current_stream().wait_stream(side)` before the current stream uses what `side` made), or "
+            f"let `explain(..., forward_syncs=True)` (CLI: --forward-syncs) insert them. The first: {first}")
+
+# %% ../nbs/17_explain.ipynb #d52398ed
+def _write_back_writers(forward: GraphModule, wb: dict[int, str]) -> dict[str, list[str]]:
+    """The write-backs `wb` (forward output -> name) by the node the sanitizer names as each new value's writer: the
+    node that makes it, and the op whose result it is part of."""
+    outs, made = forward.graph.output_node().args[0], {}
+    for k, name in wb.items():
+        n = _origin(outs[k])
+        for m in [n, *([n.args[0]] if n.target is operator.getitem else [])]: made.setdefault(m.name, []).append(name)
+    return made
+
+# %% ../nbs/17_explain.ipynb #3ea39cf9
+def _write_back_sentence(mode: str, unjoined: list[str]) -> str:
+    "What `mode` does with the write-backs: `unjoined`, those it leaves unjoined (`unjoined_write_backs`)."
+    left = ", ".join(f"`{n}`" for n in unjoined)
+    return (f"{mode}: the write-back of {left} is unjoined: made on a side stream and copied on the current "
+            "stream with nothing ordering it (`unjoined_output`), a race eager PyTorch does not have"
+            f"{' (the default joins it: correction 31)' if mode == 'upstream' else ''}." if left else
+            f"{mode}: every write-back is ordered before its copy"
+            f"{' (correction 31 joins a side stream that made one)' if mode == 'default' else ''}.")
 
 # %% ../nbs/17_explain.ipynb #8fd84415
 class _ExplanationWriteBacks:
@@ -201,11 +231,7 @@ class _ExplanationWriteBacks:
         which AOTAutograd's epilogue copies it back after the graph (the sanitizer's `unjoined_output` on it)."""
         r, wb = self.modes[mode], self.capture.write_backs
         if r.forward is None or not wb: return []
-        outs = r.forward.graph.output_node().args[0]
-        made = {}   # the node the sanitizer names as the new value's writer: it, or the op whose result it is part of
-        for k, name in wb.items():
-            n = _origin(outs[k])
-            for m in [n, *([n.args[0]] if n.target is operator.getitem else [])]: made.setdefault(m.name, []).append(name)
+        made = _write_back_writers(r.forward, wb)
         return list(dict.fromkeys(name for e in r.forward_report.errors if e.kind == "unjoined_output"
                                   for name in made.get(e.nodes[1], ())))
 
@@ -217,15 +243,26 @@ class _ExplanationWriteBacks:
         said = [f"write-backs: the program updates {what} in place; AOTAutograd's forward returns the new values and "
                 "its epilogue copies them back on the current stream after the graph (`Capture.write_backs`; `run` and "
                 "`eager` report them in `.written`)."]
-        for mode in self.modes:
-            left = ", ".join(f"`{n}`" for n in self.unjoined_write_backs(mode))
-            said.append(f"{mode}: the write-back of {left} is unjoined: made on a side stream and copied on the current "
-                        "stream with nothing ordering it (`unjoined_output`), a race eager PyTorch does not have"
-                        f"{' (the default joins it: correction 31)' if mode == 'upstream' else ''}." if left else
-                        f"{mode}: every write-back is ordered before its copy"
-                        f"{' (correction 31 joins a side stream that made one)' if mode == 'default' else ''}.")
+        said += [_write_back_sentence(mode, self.unjoined_write_backs(mode)) for mode in self.modes]
         return " ".join(said)
 
+
+# %% ../nbs/17_explain.ipynb #660a66d1
+def _entry_fix(frontend: str) -> str:
+    "The fix for a side stream's read of an input at the program's entry (`_entry_note`), by `Capture.frontend`."
+    return ("fix the program with `s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` "
+            "block" if frontend == "dynamo" else "eager runs `annotate` regions on one stream, but "
+            "compiled they run on side streams; torch 2.13's passes order no side stream after the graph's entry, "
+            "the default does (correction 29; in the forward with `forward_syncs=True`, as the switch does)")
+
+# %% ../nbs/17_explain.ipynb #7eb7998d
+def _why_ordered(cap: Capture, forward_syncs: bool) -> str:
+    "Why the default's processed forward orders what the program as written does not (`_written_note`)."
+    return ("`forward_syncs=True` inserted syncs that order them there" if forward_syncs else
+            f"its {'forward syncs for `annotate` regions (correction 24) and its ' if cap.owned_streams else ''}"
+            "`sync_dealloc`s (correction 25) order them there" if cap.inference else
+            "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
+            "reads, and waits for that stream)")
 
 # %% ../nbs/17_explain.ipynb #17b419d1
 class _ExplanationPart2:
@@ -235,10 +272,7 @@ class _ExplanationPart2:
         found = [e for e in (self.written.errors if self.written is not None else ()) if self._at_entry(e)]
         if not found: return None
         count, first = _summed(found)
-        fix = ("fix the program with `s.wait_stream(torch.cuda.current_stream())` before the `with torch.cuda.stream(s)` "
-               "block" if self.capture.frontend == "dynamo" else "eager runs `annotate` regions on one stream, but "
-               "compiled they run on side streams; torch 2.13's passes order no side stream after the graph's entry, "
-               "the default does (correction 29; in the forward with `forward_syncs=True`, as the switch does)")
+        fix = _entry_fix(self.capture.frontend)
         return (f"forward: the program as written has {count} at its entry: a side stream reads an input the caller made "
                 f"on its current stream with nothing ordering it after that stream (the race PyTorch's CUDA notes warn "
                 f"about; the rows below judge the inputs the same way): {fix}. The first: {first}")
@@ -250,11 +284,7 @@ class _ExplanationPart2:
                 if (e.kind, e.nodes) not in fixed and not self._at_entry(e)]
         if not only: return None
         count, first = _summed(only)
-        why = ("`forward_syncs=True` inserted syncs that order them there" if self.forward_syncs else
-               f"its {'forward syncs for `annotate` regions (correction 24) and its ' if self.capture.owned_streams else ''}"
-               "`sync_dealloc`s (correction 25) order them there" if self.capture.inference else
-               "its forward `sync_dealloc`s order them there (correction 22: each protects a tensor another stream "
-               "reads, and waits for that stream)")
+        why = _why_ordered(self.capture, self.forward_syncs)
         eager = "Eager PyTorch runs the program as written (its stream objects), and " if self.capture.frontend == "dynamo" else ""
         return (f"forward: the program as written has {count} that the default's processed forward does not: {why}. "
                 f"{eager}torch 2.13's passes (the upstream row) add no forward sync: fix the program. The first: {first}")
@@ -291,6 +321,16 @@ class _ExplanationSyncs:
         elif kept > seed: text += f"; {kept - seed} more syncs carry no correction: not attributed"
         return text
 
+# %% ../nbs/17_explain.ipynb #fd1c3b6a
+def _mode_notes(ex: Explanation) -> list[str]:
+    "The notes on how the modes ran: the seed's passes failed on the program, the partitioner rejected a mode's graph."
+    notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
+             f"the backward graph alone. {r.error.splitlines()[0]}" for r in ex.modes.values() if r.error]
+    if ex.seed_failure is not None:
+        notes.insert(0, f"upstream: the seed's passes fail on this program ({ex.seed_failure.splitlines()[0]}); "
+                        "streamnb's default rules process it (the README's corrections table says which rule differs)")
+    return notes
+
 # %% ../nbs/17_explain.ipynb #647dec13
 class _ExplanationPart3:
     "The backward's note and the summary table as text (a part of `Explanation`)."
@@ -317,16 +357,20 @@ class _ExplanationPart3:
         cols = ["mode", "makespan_us", "peak_mib", "syncs", "errors", "reorder_errors", "fw_errors", "partitions",
                 "matches_eager"]
         lines = table_lines(self.summary(), cols)
-        notes = [f"{r.mode}: AOTAutograd's partitioner rejected the processed joint graph; the passes were applied to "
-                 f"the backward graph alone. {r.error.splitlines()[0]}" for r in self.modes.values() if r.error]
-        if self.seed_failure is not None:
-            notes.insert(0, f"upstream: the seed's passes fail on this program ({self.seed_failure.splitlines()[0]}); "
-                            "streamnb's default rules process it (the README's corrections table says which rule differs)")
+        notes = _mode_notes(self)
         notes += [line for n in [self.forward_only_note(), self.forward_note(), self.backward_note(), self.write_back_note(),
                                     self.added_note()]
                   if n for line in n.split("\n")]
         wrapped = [textwrap.fill(n, 110, subsequent_indent="  ") for n in notes + self.capture.notes]
         return "\n".join(lines + [""] + wrapped).rstrip()
+
+# %% ../nbs/17_explain.ipynb #cb95f9ef
+def _differences(up: ModeResult, de: ModeResult) -> list[str]:
+    "Where two modes with the same schedule differ: their sanitizer errors (in program order, under reordering), memory."
+    n = lambda r, rep: len(getattr(r, rep).errors)
+    diff = [f"{where} ({n(up, rep)} vs {n(de, rep)} sanitizer errors)" for rep, where in
+            (("report", "in program order"), ("reorder_report", "under reordering")) if n(up, rep) != n(de, rep)]
+    return diff + (["in held memory"] if up.timeline.memory != de.timeline.memory else [])
 
 # %% ../nbs/17_explain.ipynb #860a209c
 class _ExplanationPart4:
@@ -345,10 +389,7 @@ class _ExplanationPart4:
             return plot_timeline(self.before, *(r.timeline for r in self.modes.values()),
                                  titles=[f"{what}before the passes"] + [f"{what}{m} passes" for m in self.modes])
         up, de = self.modes["upstream"], self.modes["default"]
-        n = lambda r, rep: len(getattr(r, rep).errors)
-        diff = [f"{where} ({n(up, rep)} vs {n(de, rep)} sanitizer errors)" for rep, where in
-                (("report", "in program order"), ("reorder_report", "under reordering")) if n(up, rep) != n(de, rep)]
-        diff += ["in held memory"] if up.timeline.memory != de.timeline.memory else []
+        diff = _differences(up, de)
         why = f"; they differ only\n{', and '.join(diff)}" if diff else ""   # (a second line: the figure keeps its width)
         return plot_timeline(self.before, de.timeline,
                              titles=[f"{what}before the passes", f"{what}upstream and default passes: the same schedule{why}"])
@@ -361,10 +402,29 @@ class _ExplanationPart4:
         "The bytes the backward holds over time (chapter 05: not `torch.cuda.memory_allocated()`), both modes."
         return plot_memory(*(r.timeline for r in self.modes.values()), labels=list(self.modes))
 
+# %% ../nbs/17_explain.ipynb #02f590c7
+def _before_row(ex: Explanation) -> dict:
+    "The row of `Explanation.summary` before the passes: the program as written."
+    return dict(mode="before passes", makespan_us=ex.before.makespan * 1e3, peak_mib=ex.before.peak_memory / 2**20,
+                syncs=count_syncs(ex.capture.forward if ex.capture.inference else ex.capture.backward),
+                reorder_errors=None,
+                errors=None if ex.written_backward is None else len(ex.written_backward.errors),
+                fw_errors=None if ex.written is None else len(ex.written.errors),
+                partitions=None if ex.capture.inference else True, matches_eager=None)
+
+# %% ../nbs/17_explain.ipynb #9d8cb8eb
+def _mode_row(r: ModeResult) -> dict:
+    "A mode's row of `Explanation.summary`."
+    return dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
+                syncs=r.syncs, errors=None if r.backward is None else len(r.report.errors),
+                reorder_errors=len(r.reorder_report.errors),
+                fw_errors=len(r.forward_report.errors), partitions=None if r.backward is None else r.error is None,
+                matches_eager=r.matches_eager)
+
 # %% ../nbs/17_explain.ipynb #cbe1e9d4
 @dataclass
 class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _ExplanationPart4, _ExplanationForwardOnly,
-                  _ExplanationWriteBacks, _ExplanationSyncs):
+                  _ExplanationWriteBacks, _ExplanationSyncs, _ExplanationEntry):
     "The result of `explain`: the capture, the backward before the passes, and one `ModeResult` per mode."
     capture: Capture
     before: Timeline
@@ -382,22 +442,18 @@ class Explanation(_ExplanationPart1, _ExplanationPart2, _ExplanationPart3, _Expl
         sanitizer errors (`fw_errors`); partition; matches eager. Before the passes: the forward as the program wrote
         it (`fw_errors`) and its custom `autograd.Function` backwards (`errors`, None if it has none). Forward only (no
         backward): makespan, peak memory, syncs and `reorder_errors` are the forward's, `errors` None."""
-        rows = [dict(mode="before passes", makespan_us=self.before.makespan * 1e3, peak_mib=self.before.peak_memory / 2**20,
-                     syncs=count_syncs(self.capture.forward if self.capture.inference else self.capture.backward),
-                     reorder_errors=None,
-                     errors=None if self.written_backward is None else len(self.written_backward.errors),
-                     fw_errors=None if self.written is None else len(self.written.errors),
-                     partitions=None if self.capture.inference else True, matches_eager=None)]
-        if self.seed_failure is not None:
-            rows.append(dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
-                             fw_errors=None, partitions=None, matches_eager=None))
-        for r in self.modes.values():
-            rows.append(dict(mode=r.mode, makespan_us=r.timeline.makespan * 1e3, peak_mib=r.timeline.peak_memory / 2**20,
-                             syncs=r.syncs, errors=None if r.backward is None else len(r.report.errors),
-                             reorder_errors=len(r.reorder_report.errors),
-                             fw_errors=len(r.forward_report.errors), partitions=None if r.backward is None else r.error is None,
-                             matches_eager=r.matches_eager))
-        return rows
+        failed = [dict(mode="upstream", makespan_us=None, peak_mib=None, syncs=None, errors=None, reorder_errors=None,
+                       fw_errors=None, partitions=None, matches_eager=None)] if self.seed_failure is not None else []
+        return [_before_row(self), *failed, *(_mode_row(r) for r in self.modes.values())]
+
+# %% ../nbs/17_explain.ipynb #944f9e7f
+def _unjoined_program_outputs(cap: Capture, registry: StreamRegistry | None) -> list[tuple]:
+    "The `unjoined_output` findings (nodes, streams) of `cap`'s forward as written, returning the program's outputs only."
+    returned = copy.deepcopy(cap.forward)   # not what it saves for the backward, nor the write-backs' new values
+    out = returned.graph.output_node()
+    out.args = (tuple(out.args[0][len(cap.write_backs):cap.num_fwd_outputs]),)
+    return [(e.nodes, e.streams) for e in sanitize(returned, registry=registry, inputs_ready="made").errors
+            if e.kind == "unjoined_output"]
 
 # %% ../nbs/17_explain.ipynb #29e31a88
 def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
@@ -408,11 +464,7 @@ def as_written(cap: Capture, registry: StreamRegistry | None = None) -> Report:
     the epilogue's copy is AOTAutograd's, judged in the processed rows), nor is its memory's reuse (eager writes into
     the input: it allocates none)."""
     report = sanitize(cap.forward, registry=registry, inputs_ready="made")
-    returned = copy.deepcopy(cap.forward)   # the forward returning the program's outputs only, for the output check
-    out = returned.graph.output_node()
-    out.args = (tuple(out.args[0][len(cap.write_backs):cap.num_fwd_outputs]),)
-    unjoined = [(e.nodes, e.streams) for e in sanitize(returned, registry=registry, inputs_ready="made").errors
-                if e.kind == "unjoined_output"]
+    unjoined = _unjoined_program_outputs(cap, registry)
     report.errors = [e for e in report.errors if e.kind != "unjoined_output" or (e.nodes, e.streams) in unjoined]
     new = {_origin(cap.forward.graph.output_node().args[0][k]).name for k in cap.write_backs}
     report.errors = [e for e in report.errors if not (e.kind == "unsafe_reuse" and e.tensor in new)]
@@ -423,23 +475,47 @@ def _call_of(n: Node):
     "Which traced call of a Function's backward made `n`: dynamo's id of the subgraph it came from (None: not recorded)."
     return getattr((n.meta.get("from_node") or [None])[0], "graph_id", None)
 
+# %% ../nbs/17_explain.ipynb #d5311c7f
+def _hand_over(g: Graph, a: Node, stream: int | None) -> Node:
+    "`a`, read from outside a Function's backward, in `g`: a placeholder, and for a tensor its copy on `stream` named `a`."
+    meta = {k: v for k, v in a.meta.items() if k != "custom"}
+    p = g.placeholder(f"{a.name}_in"); p.meta.update(meta)
+    if not isinstance(meta.get("val"), torch.Tensor): return p
+    copied = g.create_node("call_function", torch.ops.aten.clone.default, (p,), name=a.name)
+    copied.meta.update(meta, **({} if stream is None else {"custom": {"stream": stream}}))
+    return copied
+
 # %% ../nbs/17_explain.ipynb #c968bd80
 def _one_call(region: list[Node], stream: int | None, registry: StreamRegistry | None) -> Report:
     """`sanitize` of one call of a Function's backward as a program of its own, run on `stream`: each tensor it reads
     from outside is handed over there (a copy on `stream`, named as the input), and what it returns is read there."""
     g, env, handed = Graph(), {}, []
     for a in dict.fromkeys(a for n in region for a in n.all_input_nodes if a not in region):
-        meta = {k: v for k, v in a.meta.items() if k != "custom"}
-        env[a] = g.placeholder(f"{a.name}_in"); env[a].meta.update(meta)
-        if isinstance(meta.get("val"), torch.Tensor):
-            env[a] = g.create_node("call_function", torch.ops.aten.clone.default, (env[a],), name=a.name)
-            env[a].meta.update(meta, **({} if stream is None else {"custom": {"stream": stream}}))
-            handed.append(env[a])
+        env[a] = _hand_over(g, a, stream)
+        if env[a].op == "call_function": handed.append(env[a])   # a tensor, handed over
     for n in region: env[n] = g.node_copy(n, env.__getitem__)
     # what the engine reads, and the inputs: the engine frees those after the call (the graph would after their last use)
     g.output((*(env[n] for n in region if any(u not in region for u in n.users)), *handed))
     return sanitize(GraphModule(torch.nn.Module(), g), registry=registry,
                     current_streams=None if stream is None else {stream})
+
+# %% ../nbs/17_explain.ipynb #11490649
+def _calls(cap: Capture) -> dict:
+    "The nodes of `cap`'s backward that its custom `autograd.Function` backwards made, by call (`_call_of`), in order."
+    calls: dict = {}
+    for n in cap.backward.graph.nodes:
+        if n.name in cap.custom_backward: calls.setdefault(_call_of(n), []).append(n)
+    return calls
+
+# %% ../nbs/17_explain.ipynb #98b28f7f
+def _call_stream(region: list[Node], forward: set) -> tuple[bool, int | None]:
+    """The stream the engine runs the call `region` of a Function's backward on, as `(judged, stream)`; `forward`: the
+    streams of the forward (None among them). See `custom_backward_as_written`."""
+    on = {get_stream(n) for n in region}
+    there = on & forward
+    if None in on or (not there and forward == {None}): return True, None   # a node outside its `with` blocks: current
+    if len(on) > 1 and len(there) == 1: return True, there.pop()            # outside them, on the forward's stream
+    return False, None
 
 # %% ../nbs/17_explain.ipynb #ba601599
 def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = None) -> tuple[Report | None, list[str]]:
@@ -450,22 +526,29 @@ def custom_backward_as_written(cap: Capture, registry: StreamRegistry | None = N
     it is the current stream if a node of the call has none, or if the forward uses no side stream; else the one
     stream of the call's that the forward also uses, if the call runs on more than one. A call that does not say which
     (all of it inside `with` blocks, where the forward uses side streams) is not judged."""
-    calls: dict = {}
-    if cap.inference: return None, []   # forward only: no backward
-    for n in cap.backward.graph.nodes:
-        if n.name in cap.custom_backward: calls.setdefault(_call_of(n), []).append(n)
+    calls = {} if cap.inference else _calls(cap)   # forward only: no backward
     if not calls: return None, []
     forward = {get_stream(n) for n in cap.forward.graph.nodes} | {None}   # where a Function's forward may have run
     report, unjudged = Report(), []
     for region in calls.values():
-        on = {get_stream(n) for n in region}
-        there = on & forward
-        if None in on or (not there and forward == {None}): stream = None   # a node outside its `with` blocks: current
-        elif len(on) > 1 and len(there) == 1: stream = there.pop()          # outside them, on the forward's stream
-        else: unjudged.append(f"{region[0].name} to {region[-1].name}"); continue
+        judged, stream = _call_stream(region, forward)
+        if not judged: unjudged.append(f"{region[0].name} to {region[-1].name}"); continue
         r = _one_call(region, stream, registry)
         report.errors += r.errors; report.warnings += r.warnings
     return report, unjudged
+
+# %% ../nbs/17_explain.ipynb #9043f12b
+def _both_modes(cap: Capture, inputs, device: str, registry: StreamRegistry, check: bool, forward_syncs: bool,
+                step: Callable[[str], None]) -> tuple[dict[str, ModeResult], str | None]:
+    "Each mode's result, and why the seed's passes refused the program (None: they did not). `step` says which runs."
+    modes, seed_failure = {}, None
+    for upstream, mode in ((True, "upstream"), (False, "default")):
+        step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
+        try: modes[mode] = _one_mode(cap, inputs, upstream, device, registry, check, forward_syncs)
+        except StreamnbError as e:   # the seed's passes refuse the program: the default's may not (a correction)
+            if not upstream: raise
+            seed_failure = f"{type(e).__name__}: {e}"
+    return modes, seed_failure
 
 # %% ../nbs/17_explain.ipynb #c57e32f0
 def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str = "H100", check: bool = True,
@@ -484,14 +567,7 @@ def explain(fn_or_module: Callable, *example_inputs: torch.Tensor, device: str =
         cap = capture(fn_or_module, *example_inputs, frontend=frontend)
         registry = StreamRegistry(start=100, current_stream=cap.current_stream)
         before = simulate(cap.forward if cap.inference else cap.backward, device=device, registry=registry, name="before")
-        modes, seed_failure = {}, None
-        for upstream in (True, False):
-            step(f"running the {'seed' if upstream else 'streamnb'} passes, simulating and sanitizing")
-            try: modes["upstream" if upstream else "default"] = _one_mode(cap, example_inputs, upstream, device, registry,
-                                                                          check, forward_syncs)
-            except StreamnbError as e:   # the seed's passes refuse the program: the default's may not (a correction)
-                if not upstream: raise
-                seed_failure = f"{type(e).__name__}: {e}"
+        modes, seed_failure = _both_modes(cap, example_inputs, device, registry, check, forward_syncs, step)
         written, (written_backward, unjudged) = as_written(cap, registry), custom_backward_as_written(cap, registry)
     ex = Explanation(capture=cap, before=before, modes=modes, device=device, progress=progress, forward_syncs=forward_syncs,
                      seed_failure=seed_failure, written=written, written_backward=written_backward,
