@@ -463,8 +463,8 @@ def _marks(gm: GraphModule) -> tuple:
     return (*gm.meta.get("streamnb_passes", ()), *getattr(gm.graph, "_streamnb_passes", ()))
 
 # %% ../nbs/01_graph.ipynb #df251404
+# pass name -> how to see from a graph's content that the pass already ran on it: `(a node it made, why)` or None
 RECOGNISE: dict[str, Callable[[GraphModule], tuple[Node, str] | None]] = {}
-"Pass name -> how to see from a graph's content that the pass already ran on it: `(a node it made, why)` or None."
 
 # %% ../nbs/01_graph.ipynb #889fb822
 def _inserted_by(gm: GraphModule, name: str) -> tuple[Node, str] | None:
