@@ -244,11 +244,11 @@ class _use_streamnb_passesPart1:
                             PROGRAM_EVENTS: events_of(gm)})
             if self.cpu_as is None and not self._warned and _syncable_cpu_values(gm):
                 self._warned = True
-                warnings.warn(CPUValuesWarning(
+                _warn_at_caller(CPUValuesWarning(
                     f"use_streamnb_passes: {gm.__class__.__name__} has stream annotations but its values are CPU "
                     "tensors, so the passes (PyTorch's too) insert no record/wait for them: a CPU runs one stream. "
                     "To see what they do on a GPU pass cpu_as='meta' and compile with streamnb.executor_backend(); "
-                    "explain_compiled judges these graphs as on the device, so it reports the races left."), stacklevel=2)
+                    "explain_compiled judges these graphs as on the device, so it reports the races left."))
             self.renumbered.append({} if self.upstream else register_annotated_streams(gm))   # (above)
             with use_registry(self.registries[k]): reserve_indices_in_use(gm)
             if self.renumbered[k]: self._sync_owned_forward(gm, k)
@@ -335,6 +335,17 @@ def _as_partitioned(gm: GraphModule, report: Report) -> list:
     bwd = {n.name for n in gm.graph.nodes if is_bwd_node(n)}
     return [e for e in report.errors if not (e.kind == "unsafe_reuse" and e.tensor in fwd and bwd & set(e.nodes))]
 
+# %% ../nbs/20_compile.ipynb #e93dafdb
+_INSIDE = ("streamnb", "torch", "functorch", "contextlib", "importlib", "functools")   # frames a warning skips
+
+def _warn_at_caller(w: Warning) -> None:
+    """Warn `w` at the user's line: the first frame outside streamnb and torch (a `stacklevel` cannot say how deep
+    `torch.compile` calls the switch), as `warnings.warn` would there (its filters and once-per-line registry)."""
+    f = sys._getframe(1)
+    while f.f_back is not None and f.f_globals.get("__name__", "").split(".")[0] in _INSIDE: f = f.f_back
+    warnings.warn_explicit(w, type(w), f.f_code.co_filename, f.f_lineno, module=f.f_globals.get("__name__"),
+                           registry=f.f_globals.setdefault("__warningregistry__", {}), module_globals=f.f_globals)
+
 # %% ../nbs/20_compile.ipynb #266b983e
 class _use_streamnb_passesJudge:
     "The switch's judge: each processed graph sanitized as it is compiled (a part of `use_streamnb_passes`)."
@@ -349,8 +360,8 @@ class _use_streamnb_passesJudge:
         head = (f"use_streamnb_passes: the graph compiled has {len(errors)} stream error(s) that the "
                 f"{'seed' if self.upstream else 'default'} passes leave (node {first.nodes[0]})")
         if self.check == "raise": raise CompiledRaceError(f"{head}:\n{report}")
-        warnings.warn(StreamRaceWarning(f"{head}; the first:\n{first.message}\n(check='raise' fails the compile; "
-                                        "streamnb.explain_compiled says more)"), stacklevel=2)
+        _warn_at_caller(StreamRaceWarning(f"{head}; the first:\n{first.message}\n(check='raise' fails the compile; "
+                                          "streamnb.explain_compiled says more)"))
 
 # %% ../nbs/20_compile.ipynb #c4c3bb03
 class use_streamnb_passes(_use_streamnb_passesPart1, _use_streamnb_passesPart2, _use_streamnb_passesJudge,

@@ -155,6 +155,7 @@ def test_switch_warns_of_the_programs_own_race(grad):
     xs = lambda: (torch.randn(8, 8), torch.randn(8, 8, requires_grad=grad))
     ws = _compile(_objects(False), *xs())
     assert len(ws) == 1 and "node mm" in str(ws[0].message) and "wait_stream" in str(ws[0].message)
+    assert ws[0].filename == __file__   # the user's line (the compiled call in `_compile`), not streamnb's or torch's
     assert _compile(_objects(True), *xs()) == []
     assert _compile(_objects(False), *xs(), check="off") == []
     with pytest.raises(CompiledRaceError, match="stream error"):
