@@ -40,13 +40,6 @@ def p_record(x):
     return a + 1
 
 
-def p_wait_stream(x):
-    s1 = torch.cuda.Stream(); _wait_first(s1)
-    with torch.cuda.stream(s1): a = x * x
-    torch.cuda.current_stream().wait_stream(s1)
-    return a + 1
-
-
 def p_record_stream(x):
     s1 = torch.cuda.Stream(); a = x * x
     a.record_stream(s1)
@@ -89,7 +82,7 @@ ROWS = {
     "`e = torch.cuda.Event(); e.record(s1)`": (p_record, [("wait_stream", (1, 0)), ("record_event", (2, 1)),
                                                           ("wait_event", (2, 0))]),
     "`e.wait(s0)`": (p_record, [("wait_stream", (1, 0)), ("record_event", (2, 1)), ("wait_event", (2, 0))]),
-    "`s0.wait_stream(s1)`": (p_wait_stream, [("wait_stream", (1, 0)), ("wait_stream", (0, 1))]),
+    "`s0.wait_stream(s1)`": (p_stream, [("wait_stream", (1, 0)), ("wait_stream", (0, 1))]),
     "`a.record_stream(s1)`": (p_record_stream, [("record_stream", ("mul", 1))]),
     "`e.synchronize()`": (p_event_sync, [("record_event", (1, 0)), ("synchronize_event", (1,))]),
     "`s1.synchronize()`": (p_stream_sync, [("synchronize_stream", (1,))]),

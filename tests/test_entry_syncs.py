@@ -139,15 +139,8 @@ def _compile(fn, *xs, check="warn", upstream=False):
 
 
 def _objects(wait: bool):
-    with streamnb.cpu_streams():
-        s = torch.cuda.Stream()
-    def f(A, w):
-        if wait: s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            B = (A @ w).sin()
-        torch.cuda.current_stream().wait_stream(s)
-        return B
-    return f
+    "The CUDA notes' program (`docs_example`), its stream made under `cpu_streams`."
+    with streamnb.cpu_streams(): return docs_example(wait)
 
 
 @pytest.mark.parametrize("grad", [True, False])
